@@ -1,0 +1,3 @@
+from jbkv_cli.cli import main
+
+main()

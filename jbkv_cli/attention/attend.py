@@ -1,0 +1,199 @@
+"""Attention over ``[cached | current]`` keys with the Jensen-bias correction on cached scores.
+
+One entry point, :func:`attend`, and three backends behind a registry by name:
+
+- ``fused`` (default): the augmented-channel form of the Taylor correction
+  (:func:`~jbkv_cli.attention.correction.augment_taylor`) through SDPA; no ``[Lq, Lk]`` tensor.
+- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor bias on cached keys.
+- ``reference``: a dense float mask ``[B, Hq, Lq, Lk]`` through SDPA (tests and tiny shapes).
+
+The exact correction (and the bias-only ablation, which *adds* the exact bias) is not a bilinear
+form, so every backend computes it with a float mask built one query block at a time
+(``masked``), holding at most ``block × Lk`` scores per head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from jbkv_cli.attention.correction import CORRECTIONS, augment_taylor, jensen_bias
+from jbkv_cli.quant.rotation import RandomHadamard
+from jbkv_cli.quant.tensor import QuantizedTensor
+
+
+@dataclass
+class CachedKV:
+    """What attention reads from a cache: dequantized ``k``/``v`` ``[B, Hkv, Lc, D]``.
+
+    ``k_step`` ``[B, Hkv, Lc, G]`` holds the stored key steps Δ (zeros for keys kept in full
+    precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
+    rotated basis. ``inject``: bias-only ablation, add the predicted bias instead of removing it.
+    ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics are recorded.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_step: torch.Tensor | None = None
+    rotation: RandomHadamard | None = None
+    inject: bool = False
+    k_ref: torch.Tensor | None = None
+    v_ref: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.k.shape[-2]
+
+    @classmethod
+    def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
+        return cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None):
+    """``softmax(τ q kᵀ + mask) v`` with GQA by head ratio."""
+    gqa = q.shape[-3] != k.shape[-3]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
+    return jensen_bias(q, cached.k_step, scale, method, cached.rotation)
+
+
+def masked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cached: CachedKV,
+    scale: float,
+    method: str,
+    sign: float = -1.0,
+    block: int | None = 256,
+) -> torch.Tensor:
+    """Attention with ``sign · b`` added to the cached scores via a float mask per query block."""
+    lc, lq = cached.num_tokens, q.shape[-2]
+    block = lq if block is None else block
+    outs = []
+    for start in range(0, lq, block):
+        qb = q[..., start : start + block, :]
+        bias = sign * _bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
+        mask = F.pad(bias, (0, k.shape[-2] - lc)).to(q.dtype)
+        kx = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        vx = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
+        outs.append(sdpa(qb, kx, vx, scale, mask))
+    return torch.cat(outs, dim=-2)
+
+
+def _fused(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+    qa, ka, va = augment_taylor(q, k, v, cached.k_step, scale, cached.rotation, sign)
+    return sdpa(qa, ka, va, scale)[..., : q.shape[-1]]
+
+
+def _flex(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    groups = cached.k_step.shape[-1]
+    rep = q.shape[-3] // k.shape[-3]
+    qn2 = q.float() if cached.rotation is None else cached.rotation.rotate(q.float())
+    qn2 = qn2.unflatten(-1, (groups, -1)).square().sum(-1)  # [B, Hq, Lq, G]
+    d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
+    lc = cached.num_tokens
+    coef = sign * scale * scale / 24.0
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        kv = torch.clamp(kv_idx, max=lc - 1)
+        bias = (qn2[b, h, q_idx] * d2[b, h // rep, kv]).sum()
+        return score + torch.where(kv_idx < lc, coef * bias, 0.0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=rep > 1)
+    return out
+
+
+def _reference(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+    return masked(q, k, v, cached, scale, "taylor", sign, block=None)
+
+
+BACKENDS: dict[str, Callable[..., torch.Tensor]] = {
+    "fused": _fused,
+    "flex": _flex,
+    "reference": _reference,
+}
+_BACKEND = contextvars.ContextVar("jbkv_attention_backend", default="fused")
+
+
+@contextlib.contextmanager
+def attention_backend(name: str) -> Iterator[None]:
+    """``with attention_backend("reference"):`` makes ``name`` the default inside the block."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
+    token = _BACKEND.set(name)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None) -> None:
+    for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.ndim < 3:
+            raise ValueError(f"{name} must be a floating tensor [..., H, L, D]")
+    if k_cur.shape != v_cur.shape:
+        raise ValueError(f"k_cur {tuple(k_cur.shape)} and v_cur {tuple(v_cur.shape)} differ")
+    if q.shape[-1] != k_cur.shape[-1] or q.shape[:-3] != k_cur.shape[:-3]:
+        raise ValueError(
+            f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch or head dim"
+        )
+    if q.shape[-3] % k_cur.shape[-3]:
+        raise ValueError(
+            f"query heads ({q.shape[-3]}) must be a multiple of KV heads ({k_cur.shape[-3]})"
+        )
+    if cached is not None:
+        want = (*k_cur.shape[:-2], cached.k.shape[-2], k_cur.shape[-1])
+        if tuple(cached.k.shape) != want or cached.v.shape != cached.k.shape:
+            raise ValueError(
+                f"cached k/v {tuple(cached.k.shape)}/{tuple(cached.v.shape)} must be {want}"
+            )
+
+
+def attend(
+    q: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    cached: CachedKV | tuple[QuantizedTensor, QuantizedTensor] | None = None,
+    *,
+    scale: float,
+    correction: str = "taylor",
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``softmax(τ q [k̂_cached | k_cur]ᵀ − b) [v̂_cached | v_cur]`` -> ``[B, Hq, Lq, D]``.
+
+    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact`` or ``none``) on cached keys
+    whose step Δ is known, 0 on current keys. Keys are concatenated cached-first.
+    """
+    if correction not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    if isinstance(cached, tuple):
+        cached = CachedKV.from_quantized(*cached)
+    _check_shapes(q, k_cur, v_cur, cached)
+    if cached is None or cached.num_tokens == 0:
+        return sdpa(q, k_cur, v_cur, scale)
+    k = torch.cat([cached.k.to(k_cur.dtype), k_cur], dim=-2)
+    v = torch.cat([cached.v.to(v_cur.dtype), v_cur], dim=-2)
+    method, sign = correction, -1.0
+    if cached.inject:
+        method, sign = "exact", 1.0
+    if cached.k_step is None or method == "none":
+        return sdpa(q, k, v, scale)
+    if method == "exact":
+        return masked(q, k, v, cached, scale, "exact", sign)
+    name = backend or _BACKEND.get()
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
+    return BACKENDS[name](q, k, v, cached, scale, sign)

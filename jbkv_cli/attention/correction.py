@@ -1,0 +1,143 @@
+"""The Jensen-bias correction (arXiv 2605.26266): what to subtract from cached-key scores.
+
+A cached key quantized with per-group steps ``Δ_ij`` carries uniform noise
+``ε_ic ~ U[−Δ/2, Δ/2]``, so its score ``ŝ_i = s_i + δ_i`` has ``E[δ_i] = 0`` but
+
+    E[exp(δ_i)] = Π_c sinh(α_ic) / α_ic > 1,     α_ic = τ q_c Δ_i,g(c) / 2,
+
+which inflates the cached tokens' share of the softmax. Subtracting ``b_i`` from ``ŝ_i`` removes
+it in expectation:
+
+    exact:   b_i = Σ_c log(sinh α_ic / α_ic)
+    taylor:  b_i = (τ²/24) Σ_j Δ_ij² ‖q_j‖²      (second order; q_j = the query on group j)
+
+Shapes: ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` with ``G = D/g``; GQA maps query
+head ``h`` to KV head ``h // (Hq/Hkv)``. With a rotation ``R`` the noise lives in the rotated
+basis, so ``q`` is replaced by ``R q`` before grouping.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jbkv_cli.quant.rotation import RandomHadamard
+
+CORRECTIONS = ("none", "taylor", "exact")
+
+
+def _expand_kv_heads(t: torch.Tensor, q_heads: int) -> torch.Tensor:
+    """Repeat a ``[..., Hkv, L, X]`` tensor to ``Hq`` heads (GQA)."""
+    kv_heads = t.shape[-3]
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
+    return t.repeat_interleave(q_heads // kv_heads, dim=-3) if q_heads != kv_heads else t
+
+
+def group_sq_norms(q: torch.Tensor, groups: int, rotation: RandomHadamard | None = None):
+    """``‖q_j‖²`` per group: ``[..., Lq, D] -> [..., Lq, G]`` (float32, rotated if asked)."""
+    q = q.float() if rotation is None else rotation.rotate(q.float())
+    return q.unflatten(-1, (groups, -1)).square().sum(-1)
+
+
+def taylor_bias(
+    q: torch.Tensor, step: torch.Tensor, scale: float, rotation: RandomHadamard | None = None
+) -> torch.Tensor:
+    """``b_i = (τ²/24) Σ_j Δ_ij² ‖q_j‖²``: ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq, Lk]``."""
+    qn2 = group_sq_norms(q, step.shape[-1], rotation)  # [..., Hq, Lq, G]
+    d2 = _expand_kv_heads(step.float().square(), q.shape[-3])  # [..., Hq, Lk, G]
+    return (scale * scale / 24.0) * (qn2 @ d2.transpose(-1, -2))
+
+
+def log_sinhc(a: torch.Tensor) -> torch.Tensor:
+    """``log(sinh(a)/a)``, even in ``a``, stable for tiny and huge ``|a|``.
+
+    Series ``a²/6 − a⁴/180 + a⁶/2835 − a⁸/37800`` for ``|a| < 0.5`` (error < 1e-9 relative),
+    else ``|a| − log(2|a|) + log1p(−exp(−2|a|))``.
+    """
+    a = a.abs()
+    a2 = a * a
+    series = a2 * (1 / 6 - a2 * (1 / 180 - a2 * (1 / 2835 - a2 / 37800)))
+    big = a.clamp_min(0.5)
+    asymptotic = big - torch.log(2 * big) + torch.log1p(-torch.exp(-2 * big))
+    return torch.where(a < 0.5, series, asymptotic)
+
+
+def exact_bias(
+    q: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rotation: RandomHadamard | None = None,
+    max_elements: int = 1 << 24,
+) -> torch.Tensor:
+    """``b_i = Σ_c log(sinh α_ic / α_ic)``, ``α_ic = τ q_c Δ_i,g(c) / 2`` -> ``[..., Hq, Lq, Lk]``.
+
+    Materialises ``[Lq_block, Lk, D]`` per head block, so it is processed in query blocks of at
+    most ``max_elements`` elements: an analysis tool, not the production path (that is Taylor).
+    """
+    qf = q.float() if rotation is None else rotation.rotate(q.float())
+    groups = step.shape[-1]
+    d = _expand_kv_heads(step.float(), q.shape[-3])  # [..., Hq, Lk, G]
+    qg = qf.unflatten(-1, (groups, -1))  # [..., Hq, Lq, G, g]
+    lq, lk, dim = q.shape[-2], d.shape[-2], q.shape[-1]
+    heads = max(1, q[..., 0, 0].numel())
+    block = max(1, min(lq, max_elements // max(1, heads * lk * dim)))
+    out = []
+    for start in range(0, lq, block):
+        qb = qg[..., start : start + block, :, :]  # [..., Hq, b, G, g]
+        alpha = 0.5 * scale * qb.unsqueeze(-3) * d.unsqueeze(-1).unsqueeze(-4)  # [.., b, Lk, G, g]
+        out.append(log_sinhc(alpha).sum((-1, -2)))  # [..., Hq, b, Lk]
+    return torch.cat(out, dim=-2)
+
+
+def jensen_bias(
+    q: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    method: str = "taylor",
+    rotation: RandomHadamard | None = None,
+) -> torch.Tensor:
+    """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
+    -> ``[..., Hq, Lq, Lk]``; ``method`` is ``taylor``, ``exact`` or ``none`` (zeros)."""
+    if method not in CORRECTIONS:
+        raise ValueError(f"method must be one of {CORRECTIONS}, got {method!r}")
+    if q.shape[-1] % step.shape[-1]:
+        raise ValueError(
+            f"step has {step.shape[-1]} groups, which does not divide the head dim {q.shape[-1]}"
+        )
+    if method == "taylor":
+        return taylor_bias(q, step, scale, rotation)
+    if method == "exact":
+        return exact_bias(q, step, scale, rotation)
+    shape = (*q.shape[:-1], step.shape[-2])
+    return torch.zeros(shape, dtype=torch.float32, device=q.device)
+
+
+def augment_taylor(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rotation: RandomHadamard | None = None,
+    sign: float = -1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The augmented-channel form of the Taylor correction (no ``[Lq, Lk]`` tensor)::
+
+        q' = [q, ‖q_1‖², …, ‖q_G‖²]
+        k' = [k̂, −Δ_i1²·τ/24, …, −Δ_iG²·τ/24]   (zeros for the trailing unquantized keys)
+        v' = [v, 0, …, 0]
+        τ q'·k' = τ q·k̂ − (τ²/24) Σ_j Δ_ij² ‖q_j‖²
+
+    ``k``/``v`` are ``[..., Hkv, Lc + Lcur, D]`` with the ``Lc = step.shape[-2]`` cached keys
+    first. ``sign=+1`` adds the bias instead (the bias-only ablation). Returns ``(q', k', v')``
+    with head dim ``D + G``; slice the attention output back to ``D``.
+    """
+    groups = step.shape[-1]
+    qn2 = group_sq_norms(q, groups, rotation).to(q.dtype)
+    extra = (sign * scale / 24.0) * step.float().square()
+    pad = k.shape[-2] - step.shape[-2]
+    extra = torch.nn.functional.pad(extra, (0, 0, 0, pad)).to(k.dtype)
+    q_aug = torch.cat([q, qn2], dim=-1)
+    k_aug = torch.cat([k, extra], dim=-1)
+    v_aug = torch.nn.functional.pad(v, (0, groups))
+    return q_aug, k_aug, v_aug

@@ -1,0 +1,190 @@
+"""Diagnostics of quantized attention (paper §5.3), computed in bounded query blocks.
+
+- ``P_S = Σ_{i ∈ cached} softmax_i``: attention mass on cached tokens; ``ΔP_S = P̂_S − P_S``
+  (quantized, corrected as the variant does, minus full precision; same query).
+- ``JSD(p̂ ‖ p)`` of attention rows (natural log), and the MSE of attention outputs.
+- The noise model itself: cached-score errors ``δ_i = τ q·(k̂_i − k_i)`` against the predicted
+  mean 0 and variance ``σ_i² = (τ²/12) Σ_j Δ_ij² ‖q_j‖²``: ``z = δ/σ`` should have mean ≈ 0 and
+  variance ≈ 1 if the noise is uniform and independent, as the analysis assumes.
+
+:func:`record_attention` installs an :class:`AttentionRecorder` for a block of code;
+:class:`~jbkv_cli.quant.cache.ChunkKVCache` feeds it on every ``attend`` while it is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from jbkv_cli.attention.attend import CachedKV
+from jbkv_cli.attention.correction import _expand_kv_heads, group_sq_norms, jensen_bias
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """``τ q kᵀ`` in float32 with GQA: ``[B, Hq, Lq, D] × [B, Hkv, Lk, D] -> [B, Hq, Lq, Lk]``."""
+    return scale * (q.float() @ _expand_kv_heads(k.float(), q.shape[-3]).transpose(-1, -2))
+
+
+def attention_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    cached_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax rows ``[B, Hq, Lq, Lk]``, with ``cached_bias [B, Hq, Lq, Lc]`` added to the
+    first ``Lc`` scores when given."""
+    s = _scores(q, k, scale)
+    if cached_bias is not None:
+        s[..., : cached_bias.shape[-1]] += cached_bias
+    return s.softmax(-1)
+
+
+def jsd(p: torch.Tensor, r: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Jensen–Shannon divergence of rows (last dim), natural log: ``½ KL(p‖m) + ½ KL(r‖m)``."""
+    m = 0.5 * (p + r)
+    kl_p = (p * (torch.log(p + eps) - torch.log(m + eps))).sum(-1)
+    kl_r = (r * (torch.log(r + eps) - torch.log(m + eps))).sum(-1)
+    return 0.5 * (kl_p + kl_r)
+
+
+def score_noise(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    k_hat: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rotation=None,
+) -> dict[str, float]:
+    """Measured cached-score error vs the uniform-noise model (see module docstring)."""
+    delta = _scores(q, k_hat.float() - k.float(), scale)  # [B, Hq, Lq, Lc]
+    qn2 = group_sq_norms(q, step.shape[-1], rotation)
+    d2 = _expand_kv_heads(step.float().square(), q.shape[-3])
+    var = (scale * scale / 12.0) * (qn2 @ d2.transpose(-1, -2))
+    ok = var > 0
+    z = delta[ok] / var[ok].sqrt()
+    return {
+        "mean_error": float(delta.mean()),
+        "predicted_var": float(var.mean()),
+        "measured_var": float(delta.square().mean()),
+        "z_mean": float(z.mean()) if z.numel() else 0.0,
+        "z_var": float(z.var()) if z.numel() > 1 else 0.0,
+    }
+
+
+@dataclass
+class AttentionStats:
+    """Per-query statistics of one block of queries against one cache read."""
+
+    p_s: torch.Tensor  # [N] P̂_S (as the variant attends)
+    p_s_ref: torch.Tensor  # [N] P_S (full precision)
+    jsd: torch.Tensor  # [N]
+    out_mse: torch.Tensor  # [N]
+
+
+def compare_attention(
+    q: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    cached: CachedKV,
+    scale: float,
+    correction: str,
+    block: int = 128,
+) -> AttentionStats:
+    """Attention of ``q`` as the variant does it vs with the full-precision cache, per query."""
+    if cached.k_ref is None:
+        raise ValueError("compare_attention needs the full-precision copy (cached.k_ref)")
+    lc = cached.num_tokens
+    k_hat = torch.cat([cached.k.float(), k_cur.float()], -2)
+    v_hat = torch.cat([cached.v.float(), v_cur.float()], -2)
+    k_ref = torch.cat([cached.k_ref.float(), k_cur.float()], -2)
+    v_ref = torch.cat([cached.v_ref.float(), v_cur.float()], -2)
+    v_hat, v_ref = (_expand_kv_heads(t, q.shape[-3]) for t in (v_hat, v_ref))
+    method, sign = correction, -1.0
+    if cached.inject:
+        method, sign = "exact", 1.0
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for start in range(0, q.shape[-2], block):
+        qb = q[..., start : start + block, :].float()
+        bias = None
+        if cached.k_step is not None and method != "none":
+            bias = sign * jensen_bias(qb, cached.k_step, scale, method, cached.rotation)
+        p_hat = attention_rows(qb, k_hat, scale, bias)
+        p_ref = attention_rows(qb, k_ref, scale)
+        o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
+        parts[0].append(p_hat[..., :lc].sum(-1).flatten())
+        parts[1].append(p_ref[..., :lc].sum(-1).flatten())
+        parts[2].append(jsd(p_hat, p_ref).flatten())
+        parts[3].append((o_hat - o_ref).square().mean(-1).flatten())
+    return AttentionStats(*(torch.cat(p) for p in parts))
+
+
+@dataclass
+class AttentionRecorder:
+    """Collects :class:`AttentionStats` over a generation; ``max_queries`` per call (strided)."""
+
+    max_queries: int = 128
+    noise_model: bool = True
+    stats: list[AttentionStats] = field(default_factory=list)
+    noise: list[dict[str, float]] = field(default_factory=list)
+
+    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction: str) -> None:
+        stride = max(1, -(-q.shape[-2] // self.max_queries))
+        qs = q[..., ::stride, :]
+        self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, correction))
+        if self.noise_model and cached.k_step is not None and not cached.inject:
+            self.noise.append(
+                score_noise(qs, cached.k_ref, cached.k, cached.k_step, scale, cached.rotation)
+            )
+
+    def delta_ps(self) -> torch.Tensor:
+        """All recorded per-query ``ΔP_S`` values (for histograms)."""
+        if not self.stats:
+            return torch.zeros(0)
+        return torch.cat([s.p_s - s.p_s_ref for s in self.stats])
+
+    def summary(self) -> dict[str, float | None]:
+        """Means over every recorded query (None when nothing was recorded)."""
+        if not self.stats:
+            return {"delta_ps": None, "p_s": None, "p_s_ref": None, "jsd": None, "out_mse": None}
+        cat = {
+            f: torch.cat([getattr(s, f) for s in self.stats])
+            for f in ("p_s", "p_s_ref", "jsd", "out_mse")
+        }
+        out = {
+            "delta_ps": float((cat["p_s"] - cat["p_s_ref"]).mean()),
+            "p_s": float(cat["p_s"].mean()),
+            "p_s_ref": float(cat["p_s_ref"].mean()),
+            "jsd": float(cat["jsd"].mean()),
+            "out_mse": float(cat["out_mse"].mean()),
+        }
+        if self.noise:
+            for key in self.noise[0]:
+                out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)
+        return out
+
+
+_RECORDER: contextvars.ContextVar[AttentionRecorder | None] = contextvars.ContextVar(
+    "jbkv_attention_recorder", default=None
+)
+
+
+def active_recorder() -> AttentionRecorder | None:
+    """The recorder installed by the innermost :func:`record_attention`, if any."""
+    return _RECORDER.get()
+
+
+@contextlib.contextmanager
+def record_attention(
+    max_queries: int = 128, noise_model: bool = True
+) -> Iterator[AttentionRecorder]:
+    """``with record_attention() as rec: model.generate(...)``; then ``rec.summary()``."""
+    rec = AttentionRecorder(max_queries, noise_model)
+    token = _RECORDER.set(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDER.reset(token)

@@ -1,0 +1,53 @@
+"""The model-adapter protocol every video model implements, and what it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from jbkv_cli.quant.spec import KVSpec
+
+ProgressFn = Callable[[int, int], None]
+"""Called as ``progress(done_chunks, total_chunks)`` after each finished chunk."""
+
+
+@dataclass
+class Video:
+    """A generated video: ``frames`` is uint8 ``[T, H, W, 3]`` RGB on the CPU."""
+
+    frames: torch.Tensor
+    fps: float
+    kv_cache_bytes: int = 0  # peak bytes the KV cache held (all layers), measured from tensors
+    info: dict[str, Any] = field(default_factory=dict)  # model-specific facts (dtype, steps, ...)
+
+    def __post_init__(self) -> None:
+        f = self.frames
+        if f.dtype != torch.uint8 or f.ndim != 4 or f.shape[-1] != 3:
+            raise ValueError(f"frames must be uint8 [T, H, W, 3], got {f.dtype} {tuple(f.shape)}")
+
+
+@runtime_checkable
+class VideoModel(Protocol):
+    """A chunk-wise AR video model behind jbkv's KV cache.
+
+    ``settings`` holds the generation settings the model was built with (num_chunks, steps,
+    window, size, dtype, ...): plain JSON-able values, recorded in the run manifest so a run
+    directory knows exactly what produced it.
+    """
+
+    name: str
+    settings: dict[str, Any]
+
+    def generate(
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+    ) -> Video:
+        """Generate one video. Same (prompt, seed, settings) => same initial noise for any ``kv``."""
+        ...

@@ -1,0 +1,18 @@
+"""Seeds: every variant of a (prompt, seed) pair starts from the same noise (design.md §4)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+
+def derive_seed(seed: int, prompt: str) -> int:
+    """A stable 63-bit seed from (seed, prompt): ``sha256(f"{seed}\\0{prompt}")[:8]``."""
+    digest = hashlib.sha256(f"{seed}\0{prompt}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def noise_generator(seed: int, prompt: str) -> torch.Generator:
+    """A CPU generator seeded from (seed, prompt); draw on the CPU, then move to the device."""
+    return torch.Generator(device="cpu").manual_seed(derive_seed(seed, prompt))

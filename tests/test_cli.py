@@ -1,0 +1,25 @@
+import pytest
+from typer.testing import CliRunner
+
+from jbkv_cli.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_the_five_subcommands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("generate", "quantize-eval", "fidelity", "vbench", "report"):
+        assert command in result.output
+
+
+def test_attention_demo_is_labelled_synthetic():
+    result = runner.invoke(app, ["attention-demo", "--cached", "64", "--current", "16"])
+    assert result.exit_code == 0, result.output
+    assert "Synthetic" in result.output and "not a video model" in result.output
+    assert "INT2 rtn g32" in result.output
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["-h"]])
+def test_version_and_short_help(argv):
+    assert runner.invoke(app, argv).exit_code == 0
