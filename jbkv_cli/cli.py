@@ -3,16 +3,41 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
 from jbkv_cli import __version__
 from jbkv_cli.console import error, out
 from jbkv_cli.errors import JbkvError
 
+
+class _Group(TyperGroup):
+    """Maps known failures to one line on stderr and an exit code (also under CliRunner)."""
+
+    def invoke(self, ctx):
+        import click
+
+        try:
+            return super().invoke(ctx)
+        except JbkvError as exc:
+            error(str(exc))
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            error("interrupted; finished results are kept, partial ones were discarded")
+            raise typer.Exit(130) from None
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("JBKV_DEBUG"):
+                raise
+            error(f"{type(exc).__name__}: {exc} (set JBKV_DEBUG=1 for the traceback)")
+            raise typer.Exit(1) from None
+
+
 app = typer.Typer(
+    cls=_Group,
     name="jbkv",
     help="KV-cache quantization and Jensen-bias correction for chunk-wise AR video diffusion.",
     no_args_is_help=True,
@@ -37,40 +62,19 @@ def _root(
     """jbkv: measure what INT2/INT4 KV caches cost a video model, and what the correction wins back."""
 
 
-def _not_built(command: str, issue: int) -> None:
-    raise JbkvError(
-        f"`jbkv {command}` is not built yet (tracked in issue {issue}); nothing was run"
-    )
+def _register_commands() -> None:
+    from jbkv_cli.commands import experiment, fidelity
+
+    experiment.register(app)
+    fidelity.register(app)
+
+    @app.command()
+    def vbench() -> None:
+        """Run VBench-Long on generated videos in its own environment (not built yet)."""
+        raise JbkvError("`jbkv vbench` is not built yet (tracked in issue 5); nothing was run")
 
 
-@app.command()
-def generate() -> None:
-    """Generate BF16 and quantized-cache videos on identical seeds into a run directory."""
-    _not_built("generate", 4)
-
-
-@app.command("quantize-eval")
-def quantize_eval() -> None:
-    """Run the whole matrix (BF16 + INT2/INT4 x corrections x quantizers) and print the table."""
-    _not_built("quantize-eval", 4)
-
-
-@app.command()
-def fidelity() -> None:
-    """PSNR, SSIM and LPIPS of the videos in TEST against same-named videos in REF."""
-    _not_built("fidelity", 4)
-
-
-@app.command()
-def vbench() -> None:
-    """Run VBench-Long on generated videos in its own environment."""
-    _not_built("vbench", 5)
-
-
-@app.command()
-def report() -> None:
-    """Rebuild tables and plots from a run directory (no recomputation)."""
-    _not_built("report", 4)
+_register_commands()
 
 
 @app.command("attention-demo")
@@ -108,25 +112,5 @@ def attention_demo(
 
 
 def main() -> None:
-    """Entry point: known failures print one line and exit 1; Ctrl-C exits 130."""
-    try:
-        app(standalone_mode=False)
-    except JbkvError as exc:
-        error(str(exc))
-        sys.exit(1)
-    except KeyboardInterrupt:
-        error("interrupted; finished results are kept, partial ones were discarded")
-        sys.exit(130)
-    except Exception as exc:  # a bug or an unexpected environment: one line unless debugging
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            error("aborted")
-            sys.exit(1)
-        if os.environ.get("JBKV_DEBUG"):
-            raise
-        error(f"{type(exc).__name__}: {exc} (set JBKV_DEBUG=1 for the traceback)")
-        sys.exit(1)
+    """Entry point (console script ``jbkv`` and ``python -m jbkv_cli``)."""
+    app()

@@ -1,0 +1,338 @@
+"""``jbkv generate``, ``jbkv quantize-eval`` and ``jbkv report``: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from jbkv_cli.atomic import write_text_atomic
+from jbkv_cli.commands.options import (
+    DeviceOpt,
+    ModelOptionOpt,
+    NumChunksOpt,
+    PromptOpt,
+    PromptsOpt,
+    SeedsOpt,
+    StepsOpt,
+    WeightsOpt,
+    WindowOpt,
+    model_options,
+    parse_list,
+    parse_seeds,
+    read_prompts,
+)
+from jbkv_cli.console import err, out, warn
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.experiment import build_matrix, generate_all, score_fidelity
+from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, load_model
+from jbkv_cli.quant.spec import CORRECTIONS, FULL_PRECISION, QUANTIZER_NAMES, KVSpec
+from jbkv_cli.report import (
+    build_rows,
+    check_baseline,
+    load_baseline,
+    lpips_note,
+    parse_tolerances,
+    rich_table,
+    to_csv,
+    to_json,
+    to_markdown,
+)
+from jbkv_cli.runs import RunDir
+
+ABLATIONS = ("keys-only", "values-only", "bias-only")
+
+
+def _check_model(name: str) -> None:
+    if name not in MODELS:
+        raise JbkvError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+
+
+def _load(name: str, options: dict[str, Any]) -> VideoModel:
+    _check_model(name)
+    try:
+        return load_model(name, **options)
+    except TypeError as exc:
+        raise JbkvError(f"model {name!r} does not take these options ({exc})") from exc
+    except ValueError as exc:
+        raise JbkvError(f"model {name!r}: {exc}") from exc
+
+
+def _check_group_size(model: VideoModel, group_sizes: list[int]) -> None:
+    head_dim = model.settings.get("head_dim")
+    if head_dim is None:
+        return
+    bad = [g for g in group_sizes if g < 1 or head_dim % g]
+    if bad:
+        allowed = [g for g in (8, 16, 32, 64, 128, 256) if g <= head_dim and head_dim % g == 0]
+        raise JbkvError(
+            f"group size {bad[0]} does not divide {model.name}'s head dim {head_dim} "
+            f"(allowed: {', '.join(map(str, allowed))})"
+        )
+
+
+def _summary_line(summary, run: RunDir) -> None:
+    err.print(
+        f"[bold]{summary.generated}[/] videos generated, {summary.skipped} already done · "
+        f"{summary.seconds:.1f} s · peak KV cache {summary.peak_kv_bytes / 2**20:.2f} MB · "
+        f"run: {run.root}",
+        highlight=False,
+    )
+
+
+def generate(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")
+    ] = DEFAULT_MODEL,
+    bits: Annotated[
+        int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8, or 16 (reference).")
+    ] = 16,
+    bf16: Annotated[bool, typer.Option("--bf16", help="Same as --bits 16.")] = False,
+    correct: Annotated[
+        bool, typer.Option("--correct/--no-correct", help="Apply the Jensen-bias correction.")
+    ] = False,
+    correction: Annotated[
+        str, typer.Option(help="Correction used by --correct: taylor or exact.")
+    ] = "taylor",
+    quantizer: Annotated[str, typer.Option("--quantizer", "-q", help="rtn or quarot.")] = "rtn",
+    group_size: Annotated[
+        int, typer.Option("--group-size", "-g", help="Channels per quantization group.")
+    ] = 32,
+    ablation: Annotated[
+        str | None, typer.Option(help="keys-only, values-only or bias-only.")
+    ] = None,
+    prompts: PromptsOpt = None,
+    prompt: PromptOpt = None,
+    seeds: SeedsOpt = "0",
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
+    ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference/--no-reference", help="Also generate the 16-bit reference (once; reused)."
+        ),
+    ] = True,
+    diagnostics: Annotated[
+        bool,
+        typer.Option("--diagnostics/--no-diagnostics", help="Record ΔP_S etc. while generating."),
+    ] = True,
+    weights: WeightsOpt = None,
+    num_chunks: NumChunksOpt = None,
+    steps: StepsOpt = None,
+    window: WindowOpt = None,
+    device: DeviceOpt = None,
+    model_option: ModelOptionOpt = None,
+) -> None:
+    """Generate videos with a (quantized) KV cache into a run directory; resumable."""
+    _check_model(model)
+    bits = 16 if bf16 else bits
+    if correction not in ("taylor", "exact"):
+        raise typer.BadParameter("--correction must be taylor or exact")
+    if quantizer not in QUANTIZER_NAMES[1:]:
+        raise typer.BadParameter(f"--quantizer must be one of {', '.join(QUANTIZER_NAMES[1:])}")
+    if bits == 16 and (correct or ablation):
+        raise typer.BadParameter("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
+    if ablation is not None and ablation not in ABLATIONS:
+        raise typer.BadParameter(f"--ablation must be one of {', '.join(ABLATIONS)}")
+    if ablation == "bias-only" and correct:
+        raise typer.BadParameter("--ablation bias-only adds the bias; it cannot be --correct-ed")
+    try:
+        if bits == 16:
+            spec = FULL_PRECISION
+        else:
+            kw = {
+                "keys-only": {"values": False},
+                "values-only": {"keys": False},
+                "bias-only": {"bias_only": True},
+            }.get(ablation or "", {})
+            spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
+    except ValueError as exc:
+        raise JbkvError(str(exc)) from exc
+    prompt_list = read_prompts(prompts, prompt, model)
+    seed_list = parse_seeds(seeds)
+    m = _load(model, model_options(weights, num_chunks, steps, window, device, model_option))
+    _check_group_size(m, [group_size] if bits < 16 else [])
+    run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
+    specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
+    summary = generate_all(m, run, specs, prompt_list, seed_list, diagnostics=diagnostics)
+    _summary_line(summary, run)
+
+
+def quantize_eval(
+    models: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="Model(s) to evaluate (repeatable).")
+    ] = None,
+    bits: Annotated[str, typer.Option(help="Bit widths, e.g. 2,4.")] = "2,4",
+    group_sizes: Annotated[
+        str, typer.Option("--group-sizes", help="Group sizes, e.g. 32,64.")
+    ] = "32",
+    quantizers: Annotated[str, typer.Option(help="Quantizers: rtn,quarot.")] = "rtn,quarot",
+    corrections: Annotated[
+        str, typer.Option(help="Corrections: none,taylor,exact.")
+    ] = "none,taylor",
+    ablations: Annotated[
+        str,
+        typer.Option(help="Also run keys-only,values-only,bias-only (comma list; '' for none)."),
+    ] = "",
+    prompts: PromptsOpt = None,
+    prompt: PromptOpt = None,
+    seeds: SeedsOpt = "0",
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
+    ] = Path("runs/quantize-eval"),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the machine-readable result here.")
+    ] = None,
+    lpips: Annotated[
+        bool,
+        typer.Option(
+            "--lpips/--no-lpips", help="Compute LPIPS (needs the AlexNet weights offline)."
+        ),
+    ] = True,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
+    ] = True,
+    vbench: Annotated[
+        bool, typer.Option("--vbench", help="Also run VBench (needs `jbkv vbench setup`).")
+    ] = False,
+    weights: WeightsOpt = None,
+    num_chunks: NumChunksOpt = None,
+    steps: StepsOpt = None,
+    window: WindowOpt = None,
+    device: DeviceOpt = None,
+    model_option: ModelOptionOpt = None,
+) -> None:
+    """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
+    diagnostics, then the table. With no arguments it runs on the embedded model."""
+    bit_list = parse_list(bits, (2, 3, 4, 8), "bits", int)
+    groups = parse_list(group_sizes, tuple(range(1, 4097)), "group-sizes", int)
+    quant_list = parse_list(quantizers, QUANTIZER_NAMES[1:], "quantizers")
+    corr_list = parse_list(corrections, CORRECTIONS, "corrections")
+    abl_list = parse_list(ablations, ABLATIONS, "ablations") if ablations.strip() else []
+    seed_list = parse_seeds(seeds)
+    specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list)
+    for name in models or [DEFAULT_MODEL]:
+        _check_model(name)
+    results = []
+    for name in models or [DEFAULT_MODEL]:
+        prompt_list = read_prompts(prompts, prompt, name)
+        m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
+        _check_group_size(m, groups)
+        root = out_dir / name
+        run = RunDir.create_or_resume(root, name, m.settings)
+        summary = generate_all(m, run, specs, prompt_list, seed_list)
+        _summary_line(summary, run)
+        status = score_fidelity(run, lpips=lpips)
+        if vbench:
+            _run_vbench(run)
+        results.append(_render_run(run, plots=plots, lpips_status=status))
+    if json_path is not None:
+        data = results[0] if len(results) == 1 else {"runs": results}
+        write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
+        err.print(f"wrote {json_path}", highlight=False)
+
+
+def _run_vbench(run: RunDir) -> None:
+    try:
+        from jbkv_cli.commands import vbench as vbench_cmd
+    except ImportError as exc:
+        raise JbkvError(f"VBench support is not available: {exc}") from exc
+    runner = getattr(vbench_cmd, "run_for_quantize_eval", None)
+    if runner is None:
+        raise JbkvError("VBench support is not available in this build")
+    runner(run.root)
+
+
+def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) -> dict[str, Any]:
+    rows = build_rows(run)
+    data = to_json(run, rows)
+    settings = run.manifest.get("settings", {})
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
+    out.print(rich_table(rows, f"{run.manifest.get('model')} · {shown}"))
+    note = lpips_note(rows) or (
+        lpips_status if lpips_status and "unavailable" in lpips_status else None
+    )
+    if note:
+        warn(f"LPIPS n/a: {note}")
+    for gain in data["correction_gains"]:
+        g = gain["psnr_gain"]
+        if not g:
+            continue
+        frac = gain["recovered_fraction"]
+        se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
+        rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
+        out.print(
+            f"  {gain['correction']} on INT{gain['bits']} {gain['quantizer']} g{gain['group_size']}: "
+            f"PSNR {g['mean']:+.2f}{se} dB paired{rec}",
+            highlight=False,
+        )
+    report_dir = run.root / "report"
+    write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
+    write_text_atomic(report_dir / "table.md", to_markdown(rows))
+    if plots:
+        from jbkv_cli.plots import make_plots
+
+        made = make_plots(run, rows, report_dir)
+        if made:
+            err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    return data
+
+
+def report(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
+    ],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="table, md, json or csv.")] = "table",
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
+    ] = False,
+    baseline: Annotated[
+        Path | None, typer.Option(help="A stored result (JSON) to gate against.")
+    ] = None,
+    tolerance: Annotated[
+        str | None,
+        typer.Option(help="Allowed regression, e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01."),
+    ] = None,
+) -> None:
+    """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
+    if fmt not in ("table", "md", "json", "csv"):
+        raise typer.BadParameter("--format must be table, md, json or csv")
+    tol = parse_tolerances(tolerance)
+    run = RunDir.open(run_dir)
+    rows = build_rows(run)
+    if fmt == "table":
+        out.print(rich_table(rows, f"{run.manifest.get('model')} · {run.root}"))
+        note = lpips_note(rows)
+        if note:
+            warn(f"LPIPS n/a: {note}")
+    elif fmt == "md":
+        typer.echo(to_markdown(rows), nl=False)
+    elif fmt == "json":
+        typer.echo(json.dumps(to_json(run, rows), indent=2))
+    else:
+        typer.echo(to_csv(rows), nl=False)
+    if plots:
+        from jbkv_cli.plots import make_plots
+
+        for p in make_plots(run, rows, run.root / "report"):
+            err.print(f"wrote {p}", highlight=False)
+    if baseline is not None:
+        problems = check_baseline(rows, load_baseline(baseline), tol)
+        if problems:
+            for p in problems:
+                err.print(f"[red]regression:[/] {p}", highlight=False)
+            raise typer.Exit(1)
+        err.print(f"[green]gate passed[/] against {baseline}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
+    app.command("quantize-eval")(quantize_eval)
+    app.command()(report)
+
+
+__all__ = ["generate", "quantize_eval", "register", "report"]

@@ -1,0 +1,150 @@
+"""Options shared by commands, and the parsing of prompts, seeds, lists and model options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
+
+PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")]
+PromptsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--prompts",
+        help="A prompt file (one per line, # comments) or a named set in prompts/ (e.g. tiny).",
+    ),
+]
+PromptOpt = Annotated[
+    list[str] | None, typer.Option("--prompt", help="A prompt (repeatable); adds to --prompts.")
+]
+SeedsOpt = Annotated[str, typer.Option("--seeds", help="Seeds: '0,1,2' or '0-3'.")]
+WeightsOpt = Annotated[
+    Path | None, typer.Option("--weights", help="Model weights (file or directory).")
+]
+NumChunksOpt = Annotated[int | None, typer.Option("--num-chunks", min=1, help="Chunks per video.")]
+StepsOpt = Annotated[int | None, typer.Option("--steps", min=1, help="Denoising steps per chunk.")]
+WindowOpt = Annotated[
+    int | None, typer.Option("--window", min=0, help="Cached chunks each chunk attends to.")
+]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="cpu or cuda (default: cuda when available).")
+]
+ModelOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option("--model-option", "-o", help="Model-specific KEY=VALUE (repeatable)."),
+]
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
+                seeds.extend(range(int(lo), int(hi) + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError as exc:
+        raise JbkvError(f"bad --seeds {text!r}: use e.g. 0,1,2 or 0-3") from exc
+    if not seeds or any(s < 0 for s in seeds):
+        raise JbkvError(f"bad --seeds {text!r}: give one or more non-negative integers")
+    return list(dict.fromkeys(seeds))
+
+
+def parse_list(text: str, allowed: tuple, what: str, cast=str) -> list:
+    try:
+        items = [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise JbkvError(f"bad --{what} {text!r}") from exc
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise JbkvError(f"bad --{what} {text!r}: allowed {', '.join(map(str, allowed))}")
+    return list(dict.fromkeys(items))
+
+
+def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:
+    """Prompts from a file or a named set, plus ``--prompt`` values; default: the model's set."""
+    prompts: list[str] = []
+    if spec is None and not extra:
+        spec = model if (PROMPTS_DIR / f"{model}.txt").is_file() else None
+        if spec is None:
+            raise JbkvError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
+    if spec is not None:
+        path = Path(spec)
+        if not path.is_file():
+            named = PROMPTS_DIR / f"{spec}.txt"
+            if not named.is_file():
+                sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
+                raise JbkvError(
+                    f"no prompt file {spec!r} (named sets: {', '.join(sets) or 'none'})"
+                )
+            path = named
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise JbkvError(f"cannot read prompts from {path}: {exc}") from exc
+        prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    prompts += [p.strip() for p in extra or [] if p.strip()]
+    if not prompts:
+        raise JbkvError(f"no prompts in {spec}")
+    return list(dict.fromkeys(prompts))
+
+
+def model_options(
+    weights: Path | None,
+    num_chunks: int | None,
+    steps: int | None,
+    window: int | None,
+    device: str | None,
+    extra: list[str] | None,
+) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    for key, value in (
+        ("weights", weights),
+        ("num_chunks", num_chunks),
+        ("steps", steps),
+        ("window", window),
+    ):
+        if value is not None:
+            opts[key] = value
+    opts["device"] = resolve_device(device)
+    for item in extra or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise JbkvError(f"bad --model-option {item!r}: use KEY=VALUE")
+        opts[key.strip().replace("-", "_")] = _coerce(value.strip())
+    return opts
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise JbkvError(f"--device {device}: no CUDA device is available here")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise JbkvError(f"--device must be cpu or cuda[:N], got {device!r}")
+    return device
+
+
+def _coerce(value: str) -> Any:
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(value.lower(), value)
+
+
+def default_model() -> str:
+    return DEFAULT_MODEL

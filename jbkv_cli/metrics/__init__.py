@@ -1,0 +1,1 @@
+"""Metrics: fidelity against a reference (PSNR, SSIM, LPIPS), VBench scores, statistics."""

@@ -1,0 +1,151 @@
+"""PNG figures from a run directory (matplotlib, Agg): the paper's Figs. 1, 4 and 5 in spirit.
+
+- ``psnr_vs_bits.png``: PSNR against effective bits per quantizer, with and without correction.
+- ``delta_ps_hist.png``: per-query ΔP_S, uncorrected vs corrected (INT2 when present).
+- ``frames.png``: reference / INT4 / INT2 / INT2+correction at a few time points.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+from jbkv_cli.atomic import atomic_path
+from jbkv_cli.runs import REFERENCE, RunDir, video_name
+
+
+def _save(fig, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return path
+
+
+def psnr_vs_bits(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    main = [
+        r
+        for r in rows
+        if r["variant"] != REFERENCE
+        and r["keys"]
+        and r["values"]
+        and not r["bias_only"]
+        and r["psnr"]
+        and r["effective_bits"]
+    ]
+    if not main:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    groups: dict[tuple[str, str], list] = {}
+    for r in main:
+        groups.setdefault((r["quantizer"], r["correction"]), []).append(r)
+    for (q, c), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r["effective_bits"])
+        x = [r["effective_bits"] for r in rs]
+        y = [r["psnr"]["mean"] for r in rs]
+        e = [r["psnr"]["se"] or 0 for r in rs]
+        style = "-" if c == "none" else "--"
+        ax.errorbar(
+            x,
+            y,
+            yerr=e,
+            fmt=style + "o",
+            capsize=3,
+            label=f"{q}" + ("" if c == "none" else f" + {c}"),
+        )
+    ax.set_xlabel("effective bits per cached element (measured)")
+    ax.set_ylabel("PSNR vs reference (dB)")
+    ax.set_title("Fidelity vs KV-cache size")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def delta_ps_hist(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path | None:
+    with_samples = []
+    for r in rows:
+        if r["variant"] == REFERENCE or not (r["keys"] and r["values"]) or r["bias_only"]:
+            continue
+        samples = [x for rec in run.records(r["variant"]) for x in rec.get("delta_ps_samples", [])]
+        if samples:
+            with_samples.append((r, samples))
+    if not with_samples:
+        return None
+    low = min(r["bits"] for r, _ in with_samples)
+    chosen = [(r, s) for r, s in with_samples if r["bits"] == low]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    lo = min(min(s) for _, s in chosen)
+    hi = max(max(s) for _, s in chosen)
+    bins = torch.linspace(lo, hi, 60).tolist()
+    for r, s in chosen:
+        ax.hist(
+            s,
+            bins=bins,
+            histtype="step",
+            linewidth=1.5,
+            density=True,
+            label=f"{r['label']} (mean {sum(s) / len(s):+.4f})",
+        )
+    ax.axvline(0, color="k", linewidth=0.8)
+    ax.set_xlabel("ΔP_S per query (attention mass on cached tokens, variant − full precision)")
+    ax.set_ylabel("density")
+    ax.set_title(f"Attention stolen by INT{low} cached keys")
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def frame_strip(run: RunDir, rows: list[dict[str, Any]], path: Path, times: int = 5) -> Path | None:
+    def pick(bits: int, corrected: bool) -> dict | None:
+        for r in rows:
+            if (
+                r["bits"] == bits
+                and r["corrected"] == corrected
+                and r["keys"]
+                and r["values"]
+                and not r["bias_only"]
+            ):
+                return r
+        return None
+
+    chosen = [r for r in (pick(16, False), pick(4, False), pick(2, False), pick(2, True)) if r]
+    refs = run.records(REFERENCE)
+    if len(chosen) < 2 or not refs:
+        return None
+    name = video_name(refs[0]["prompt"], refs[0]["index"])
+    videos = []
+    for r in chosen:
+        if run.is_done(r["variant"], name):
+            videos.append((r["label"], run.load_frames(r["variant"], name)))
+    if len(videos) < 2:
+        return None
+    t_total = videos[0][1].shape[0]
+    ts = torch.linspace(0, t_total - 1, times).round().long().tolist()
+    fig, axes = plt.subplots(
+        len(videos), len(ts), figsize=(1.6 * len(ts), 1.7 * len(videos)), squeeze=False
+    )
+    for i, (label, frames) in enumerate(videos):
+        for j, t in enumerate(ts):
+            ax = axes[i][j]
+            ax.imshow(frames[t].numpy(), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_title(f"frame {t}", fontsize=8)
+            if j == 0:
+                ax.set_ylabel(label, fontsize=7)
+    fig.suptitle(refs[0]["prompt"], fontsize=9)
+    return _save(fig, path)
+
+
+def make_plots(run: RunDir, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    made = [
+        psnr_vs_bits(rows, out_dir / "psnr_vs_bits.png"),
+        delta_ps_hist(run, rows, out_dir / "delta_ps_hist.png"),
+        frame_strip(run, rows, out_dir / "frames.png"),
+    ]
+    return [p for p in made if p is not None]

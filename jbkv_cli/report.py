@@ -1,0 +1,350 @@
+"""Report: rows built from a run directory alone, rendered last (Rich, Markdown, CSV, JSON, PNG).
+
+Each row is one variant; each metric is ``{"mean", "se", "n"}`` over videos, paired with the
+reference of the same prompt and seed (so the SE is a paired standard error). Nothing here
+recomputes a video or a metric: ``quantize-eval`` and ``report`` print the same table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics.stats import aggregate
+from jbkv_cli.runs import REFERENCE, RunDir, video_name
+
+LOWER_IS_BETTER = {"lpips", "kv_cache_mb", "seconds", "abs_delta_ps"}
+TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
+
+
+def _agg(values: list[float | None]) -> dict[str, Any] | None:
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    return aggregate(xs) if xs else None
+
+
+def reference_bits(run: RunDir) -> int:
+    """Bits per cached element of the reference: 16 for BF16/FP16, 32 for FP32 runs."""
+    dtype = str(run.manifest.get("settings", {}).get("dtype", "bfloat16"))
+    return 32 if "32" in dtype else 16
+
+
+def reference_label(run: RunDir) -> str:
+    return "FP32" if reference_bits(run) == 32 else "BF16"
+
+
+def build_rows(run: RunDir) -> list[dict[str, Any]]:
+    """One row per variant (reference first), from records and metrics on disk."""
+    variants = run.variants()
+    if REFERENCE not in variants:
+        raise JbkvError(f"{run.root} has no reference ({REFERENCE}) videos yet")
+    ref_records = run.records(REFERENCE)
+    ref_bytes = _agg([r["kv_cache_bytes"] for r in ref_records])
+    ref_bits = reference_bits(run)
+    rows = []
+    for vid, spec in variants.items():
+        records = run.records(vid)
+        fid = run.read_metrics("fidelity", vid)
+        scores = [
+            fid[video_name(r["prompt"], r["index"])]
+            for r in records
+            if video_name(r["prompt"], r["index"]) in fid
+        ]
+        diag = [r.get("diagnostics") or {} for r in records]
+        kv = _agg([r["kv_cache_bytes"] for r in records])
+        eff = None
+        if kv and ref_bytes and ref_bytes["mean"]:
+            eff = ref_bits * kv["mean"] / ref_bytes["mean"]
+        lpips_status = next((s.get("lpips_status") for s in scores if s.get("lpips") is None), None)
+        rows.append(
+            {
+                "variant": vid,
+                "label": reference_label(run) if vid == REFERENCE else spec.label,
+                "quantizer": spec.quantizer,
+                "bits": spec.bits,
+                "group_size": None if vid == REFERENCE else spec.group_size,
+                "effective_bits": eff,
+                "corrected": spec.correction != "none",
+                "correction": spec.correction,
+                "keys": spec.keys,
+                "values": spec.values,
+                "bias_only": spec.bias_only,
+                "psnr": _agg([s["psnr"] for s in scores]),
+                "ssim": _agg([s["ssim"] for s in scores]),
+                "lpips": _agg([s.get("lpips") for s in scores]),
+                "lpips_status": lpips_status,
+                "delta_ps": _agg([d.get("delta_ps") for d in diag]),
+                "jsd": _agg([d.get("jsd") for d in diag]),
+                "out_mse": _agg([d.get("out_mse") for d in diag]),
+                "noise_var_ratio": _agg(
+                    [
+                        d["noise_measured_var"] / d["noise_predicted_var"]
+                        for d in diag
+                        if d.get("noise_predicted_var")
+                    ]
+                ),
+                "kv_cache_bytes": None if kv is None else round(kv["mean"]),
+                "seconds": _agg([r["seconds"] for r in records]),
+                "videos": len(records),
+            }
+        )
+    return rows
+
+
+def paired_differences(run: RunDir, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per quantizer/bits/group: PSNR(corrected) − PSNR(uncorrected), paired per video, and the
+    share of the INT_low → INT_high gap it recovers."""
+    by_key = {
+        (r["quantizer"], r["bits"], r["group_size"], r["correction"]): r
+        for r in rows
+        if r["keys"] and r["values"] and not r["bias_only"]
+    }
+    out = []
+    for (q, b, g, c), row in by_key.items():
+        base = by_key.get((q, b, g, "none"))
+        if c == "none" or base is None:
+            continue
+        diff = _paired(run, base["variant"], row["variant"], "psnr")
+        higher = [
+            r for k, r in by_key.items() if k[0] == q and k[2] == g and k[1] > b and k[3] == "none"
+        ]
+        gap = None
+        if higher and base["psnr"] and higher[0]["psnr"]:
+            gap = higher[0]["psnr"]["mean"] - base["psnr"]["mean"]
+        recovered = diff["mean"] / gap if diff and gap else None
+        out.append(
+            {
+                "quantizer": q,
+                "bits": b,
+                "group_size": g,
+                "correction": c,
+                "psnr_gain": diff,
+                "gap_to": higher[0]["variant"] if higher else None,
+                "gap_db": gap,
+                "recovered_fraction": recovered,
+            }
+        )
+    return out
+
+
+def _paired(run: RunDir, vid_a: str, vid_b: str, metric: str) -> dict[str, Any] | None:
+    a, b = run.read_metrics("fidelity", vid_a), run.read_metrics("fidelity", vid_b)
+    return _agg([b[n][metric] - a[n][metric] for n in sorted(set(a) & set(b))])
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def _fmt(m: dict[str, Any] | None, digits: int, signed: bool = False) -> str:
+    if not m or m["mean"] is None:
+        return "—"
+    sign = "+" if signed else ""
+    text = f"{m['mean']:{sign}.{digits}f}"
+    return text + (f" ± {m['se']:.{digits}f}" if m.get("se") is not None else "")
+
+
+def _best(rows: list[dict[str, Any]], key: str, lower: bool, absolute: bool = False) -> str | None:
+    cands = [
+        (r[key]["mean"], r["variant"])
+        for r in rows
+        if r["variant"] != REFERENCE and r.get(key) and r[key]["mean"] is not None
+    ]
+    if not cands:
+        return None
+    fn = (lambda x: abs(x[0])) if absolute else (lambda x: x[0])
+    return (min if lower else max)(cands, key=fn)[1]
+
+
+def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], dict]:
+    """Column names, cell strings and which cells are the best per column."""
+    cols = [
+        "variant",
+        "scheme",
+        "bits",
+        "eff. bits",
+        "corrected",
+        "PSNR ↑ dB",
+        "SSIM ↑",
+        "LPIPS ↓",
+        "ΔP_S",
+        "KV MB",
+        "s/video",
+    ]
+    best = {
+        "PSNR ↑ dB": _best(rows, "psnr", False),
+        "SSIM ↑": _best(rows, "ssim", False),
+        "LPIPS ↓": _best(rows, "lpips", True),
+        "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
+    }
+    cells = []
+    for r in rows:
+        ref = r["variant"] == REFERENCE
+        lp = _fmt(r["lpips"], 4) if r["lpips"] else ("—" if ref else "n/a")
+        cells.append(
+            [
+                r["label"],
+                "—"
+                if ref
+                else r["quantizer"]
+                + ("" if r["keys"] and r["values"] else (" K-only" if r["keys"] else " V-only"))
+                + (" bias-only" if r["bias_only"] else ""),
+                str(round(r["effective_bits"])) if ref and r["effective_bits"] else str(r["bits"]),
+                "—" if r["effective_bits"] is None else f"{r['effective_bits']:.3f}",
+                "—" if ref else (r["correction"] if r["corrected"] else "no"),
+                "ref" if ref else _fmt(r["psnr"], 2),
+                "ref" if ref else _fmt(r["ssim"], 4),
+                "ref" if ref else lp,
+                "—" if ref else _fmt(r["delta_ps"], 4, signed=True),
+                "—" if r["kv_cache_bytes"] is None else f"{r['kv_cache_bytes'] / 2**20:.3f}",
+                _fmt(r["seconds"], 2),
+            ]
+        )
+    return cols, cells, best
+
+
+def rich_table(rows: list[dict[str, Any]], title: str) -> Table:
+    cols, cells, best = table_cells(rows)
+    table = Table(title=title, title_justify="left")
+    for c in cols:
+        table.add_column(
+            c,
+            justify="left" if c in ("variant", "scheme", "corrected") else "right",
+            no_wrap=c == "variant",
+        )
+    for r, row_cells in zip(rows, cells, strict=True):
+        styled = []
+        for c, text in zip(cols, row_cells, strict=True):
+            styled.append(f"[bold green]{text}[/]" if best.get(c) == r["variant"] else text)
+        table.add_row(*styled, style="bold" if r["variant"] == REFERENCE else None)
+    return table
+
+
+def lpips_note(rows: list[dict[str, Any]]) -> str | None:
+    return next((r["lpips_status"] for r in rows if r.get("lpips_status")), None)
+
+
+def to_markdown(rows: list[dict[str, Any]]) -> str:
+    cols, cells, best = table_cells(rows)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r, row_cells in zip(rows, cells, strict=True):
+        marked = [
+            f"**{t}**" if best.get(c) == r["variant"] else t
+            for c, t in zip(cols, row_cells, strict=True)
+        ]
+        lines.append("| " + " | ".join(marked) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    fields = [
+        "variant",
+        "label",
+        "quantizer",
+        "bits",
+        "group_size",
+        "effective_bits",
+        "corrected",
+        "correction",
+    ]
+    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds"]
+    writer = csv.writer(buf)
+    writer.writerow(
+        fields
+        + [f"{m}_{s}" for m in metrics for s in ("mean", "se", "n")]
+        + ["kv_cache_bytes", "videos"]
+    )
+    for r in rows:
+        vals = [r[f] for f in fields]
+        for m in metrics:
+            agg = r.get(m) or {}
+            vals += [agg.get("mean"), agg.get("se"), agg.get("n")]
+        writer.writerow([*vals, r["kv_cache_bytes"], r["videos"]])
+    return buf.getvalue()
+
+
+def to_json(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "run": str(run.root),
+        "model": run.manifest.get("model"),
+        "settings": run.manifest.get("settings"),
+        "reference_precision": reference_label(run),
+        "rows": rows,
+        "correction_gains": paired_differences(run, rows),
+    }
+
+
+# --- regression gate ----------------------------------------------------------------------------
+
+
+def parse_tolerances(text: str | None) -> dict[str, float]:
+    """``"psnr=0.5,ssim=0.01"`` -> dict, on top of :data:`TOLERANCES`."""
+    tol = dict(TOLERANCES)
+    if not text:
+        return tol
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in TOLERANCES or not value:
+            raise JbkvError(
+                f"bad --tolerance {part!r}; use e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01"
+            )
+        try:
+            tol[key] = float(value)
+        except ValueError as exc:
+            raise JbkvError(f"bad --tolerance value {value!r} for {key}") from exc
+    return tol
+
+
+def check_baseline(
+    rows: list[dict[str, Any]], baseline: dict[str, Any], tol: dict[str, float]
+) -> list[str]:
+    """Violations of the baseline beyond tolerance (empty list: the gate passes)."""
+    current = {r["variant"]: r for r in rows}
+    problems = []
+    for base in baseline.get("rows", []):
+        vid = base["variant"]
+        if vid == REFERENCE:
+            continue
+        cur = current.get(vid)
+        if cur is None:
+            problems.append(f"{vid}: missing from this run")
+            continue
+        for metric, higher_better in (("psnr", True), ("ssim", True), ("lpips", False)):
+            b, c = base.get(metric), cur.get(metric)
+            if not b or b.get("mean") is None:
+                continue
+            if not c or c.get("mean") is None:
+                problems.append(f"{vid}: {metric} missing (baseline {b['mean']:.4f})")
+                continue
+            worse = b["mean"] - c["mean"] if higher_better else c["mean"] - b["mean"]
+            if worse > tol[metric]:
+                problems.append(
+                    f"{vid}: {metric} {c['mean']:.4f} vs baseline {b['mean']:.4f} "
+                    f"(worse by {worse:.4f} > {tol[metric]})"
+                )
+        b, c = base.get("delta_ps"), cur.get("delta_ps")
+        if b and c and b.get("mean") is not None and c.get("mean") is not None:
+            worse = abs(c["mean"]) - abs(b["mean"])
+            if worse > tol["delta_ps"]:
+                problems.append(
+                    f"{vid}: |ΔP_S| {abs(c['mean']):.4f} vs baseline "
+                    f"{abs(b['mean']):.4f} (worse by {worse:.4f} > {tol['delta_ps']})"
+                )
+    return problems
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise JbkvError(f"cannot read baseline {path}: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise JbkvError(f"baseline {path} is not a jbkv result (no 'rows' list)")
+    return data

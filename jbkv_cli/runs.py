@@ -1,0 +1,270 @@
+"""Run directories: what was generated, with which settings, and what is finished.
+
+Layout (design.md §5)::
+
+    RUN/manifest.json                       model, settings, prompts, seeds, versions, hardware
+    RUN/videos/<variant>/variant.json       the KVSpec of that variant
+    RUN/videos/<variant>/<prompt>-<i>.mkv   lossless copy (bit-exact uint8 frames)
+    RUN/videos/<variant>/<prompt>-<i>.mp4   H.264 for people and VBench ({prompt}-{index} naming)
+    RUN/videos/<variant>/<prompt>-<i>.json  the record; written last, so it marks the video done
+    RUN/metrics/fidelity/<variant>.json     paired scores against the reference variant
+
+Every file is written atomically (temp file + rename). A video counts as finished only when its
+record exists and its files are present, so an interrupted run resumes where it stopped, and a
+directory made with other settings is refused instead of being overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jbkv_cli import __version__
+from jbkv_cli.atomic import write_text_atomic
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.models.base import Video
+from jbkv_cli.quant.spec import KVSpec
+from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
+
+MANIFEST = "manifest.json"
+REFERENCE = "bf16"
+LOSSLESS_SUFFIX = ".mkv"
+
+
+def variant_id(spec: KVSpec) -> str:
+    """A file-safe name that determines the spec, e.g. ``int2-quarot-g32-taylor``."""
+    if spec.bits == 16:
+        return REFERENCE
+    parts = [f"int{spec.bits}", spec.quantizer, f"g{spec.group_size}"]
+    if not (spec.keys and spec.values):
+        parts.append("konly" if spec.keys else "vonly")
+    if spec.bias_only:
+        parts.append("biasonly")
+    if spec.correction != "none":
+        parts.append(spec.correction)
+    if spec.quantizer == "quarot" and spec.rotation_seed:
+        parts.append(f"rs{spec.rotation_seed}")
+    if spec.quantizer == "quarot" and spec.rotation_block:
+        parts.append(f"rb{spec.rotation_block}")
+    if spec.sink_chunks:
+        parts.append(f"sink{spec.sink_chunks}")
+    return "-".join(parts)
+
+
+def video_name(prompt: str, index: int) -> str:
+    """VBench's naming: ``{prompt}-{index}``."""
+    return f"{prompt}-{index}"
+
+
+def check_prompt(prompt: str) -> str:
+    prompt = prompt.strip()
+    if not prompt:
+        raise JbkvError("empty prompt")
+    if "/" in prompt or "\\" in prompt or "\0" in prompt or prompt.startswith("."):
+        raise JbkvError(f"prompt {prompt!r} cannot name a file (no '/', '\\', leading '.')")
+    if len(prompt.encode()) > 200:
+        raise JbkvError(f"prompt too long for a file name ({len(prompt.encode())} bytes > 200)")
+    return prompt
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise JbkvError(f"cannot read {path}: {exc}") from exc
+
+
+def _write_json(path: Path, data: Any) -> None:
+    try:
+        write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+    except OSError as exc:
+        raise JbkvError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def environment() -> dict[str, Any]:
+    """Versions, git revision and hardware, for the manifest."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return {
+        "jbkv": __version__,
+        "git_revision": rev or None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+class RunDir:
+    """A run directory bound to one model and its settings."""
+
+    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+        self.root = root
+        self.manifest = manifest
+
+    @classmethod
+    def open(cls, root: Path) -> RunDir:
+        """Open an existing run directory (for report, fidelity, vbench)."""
+        path = Path(root) / MANIFEST
+        if not path.is_file():
+            raise JbkvError(f"{root} is not a jbkv run directory (no {MANIFEST})")
+        return cls(Path(root), _read_json(path))
+
+    @classmethod
+    def create_or_resume(cls, root: Path, model: str, settings: dict[str, Any]) -> RunDir:
+        """Start a run in ``root``, or resume it if it was made by the same model and settings."""
+        root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise JbkvError(f"--out {root} exists and is not a directory")
+        path = root / MANIFEST
+        if path.exists():
+            manifest = _read_json(path)
+            if manifest.get("model") != model or manifest.get("settings") != settings:
+                diff = _describe_difference(manifest, model, settings)
+                raise JbkvError(
+                    f"{root} was made with different settings ({diff}); "
+                    "use another --out directory to keep both"
+                )
+            return cls(root, manifest)
+        if root.exists() and any(root.iterdir()):
+            raise JbkvError(f"--out {root} is not empty and is not a jbkv run directory")
+        manifest = {
+            "model": model,
+            "settings": settings,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "environment": environment(),
+            "seeds": [],
+            "prompts": [],
+        }
+        run = cls(root, manifest)
+        _write_json(path, manifest)
+        return run
+
+    # --- prompts and seeds --------------------------------------------------------------------
+
+    def register(self, prompts: list[str], seeds: list[int]) -> None:
+        """Add prompts and seeds; a seed's index (its position) names its videos."""
+        changed = False
+        for p in prompts:
+            if p not in self.manifest["prompts"]:
+                self.manifest["prompts"].append(p)
+                changed = True
+        for s in seeds:
+            if s not in self.manifest["seeds"]:
+                self.manifest["seeds"].append(s)
+                changed = True
+        if changed:
+            _write_json(self.root / MANIFEST, self.manifest)
+
+    def index_of(self, seed: int) -> int:
+        return self.manifest["seeds"].index(seed)
+
+    # --- variants -----------------------------------------------------------------------------
+
+    def variant_dir(self, vid: str) -> Path:
+        return self.root / "videos" / vid
+
+    def ensure_variant(self, spec: KVSpec) -> str:
+        vid = variant_id(spec)
+        path = self.variant_dir(vid) / "variant.json"
+        if path.exists():
+            stored = _read_json(path)
+            if stored != spec.to_dict():
+                raise JbkvError(f"{path} holds a different KV spec than {spec.label!r}")
+        else:
+            _write_json(path, spec.to_dict())
+        return vid
+
+    def variants(self) -> dict[str, KVSpec]:
+        """Every variant present, the reference first."""
+        out: dict[str, KVSpec] = {}
+        base = self.root / "videos"
+        if not base.is_dir():
+            return out
+        for path in sorted(base.glob("*/variant.json")):
+            out[path.parent.name] = KVSpec(**_read_json(path))
+        return dict(sorted(out.items(), key=lambda kv: kv[0] != REFERENCE))
+
+    # --- videos -------------------------------------------------------------------------------
+
+    def paths(self, vid: str, name: str) -> dict[str, Path]:
+        d = self.variant_dir(vid)
+        return {
+            "lossless": d / f"{name}{LOSSLESS_SUFFIX}",
+            "mp4": d / f"{name}.mp4",
+            "record": d / f"{name}.json",
+        }
+
+    def is_done(self, vid: str, name: str) -> bool:
+        return all(p.is_file() for p in self.paths(vid, name).values())
+
+    def save_video(self, vid: str, name: str, video: Video, record: dict[str, Any]) -> None:
+        """Write the lossless copy, the mp4, then the record (which marks the video done)."""
+        paths = self.paths(vid, name)
+        try:
+            write_video_lossless(paths["lossless"], video.frames, video.fps)
+            write_video_mp4(paths["mp4"], video.frames, video.fps)
+        except OSError as exc:
+            raise JbkvError(
+                f"cannot write {paths['lossless'].parent}: {exc.strerror or exc}"
+            ) from exc
+        _write_json(paths["record"], record)
+
+    def load_frames(self, vid: str, name: str) -> torch.Tensor:
+        frames, _ = read_video(self.paths(vid, name)["lossless"])
+        return frames
+
+    def records(self, vid: str) -> list[dict[str, Any]]:
+        """Records of the finished videos of one variant, in file-name order."""
+        d = self.variant_dir(vid)
+        out = []
+        for path in sorted(d.glob("*.json")):
+            if path.name == "variant.json" or path.name.startswith("."):
+                continue
+            name = path.stem
+            if self.is_done(vid, name):
+                out.append(_read_json(path))
+        return out
+
+    # --- metrics ------------------------------------------------------------------------------
+
+    def metrics_path(self, kind: str, vid: str) -> Path:
+        return self.root / "metrics" / kind / f"{vid}.json"
+
+    def read_metrics(self, kind: str, vid: str) -> dict[str, Any]:
+        path = self.metrics_path(kind, vid)
+        return _read_json(path) if path.is_file() else {}
+
+    def write_metrics(self, kind: str, vid: str, data: dict[str, Any]) -> None:
+        _write_json(self.metrics_path(kind, vid), data)
+
+    def write_json(self, relative: str, data: Any) -> Path:
+        path = self.root / relative
+        _write_json(path, data)
+        return path
+
+
+def _describe_difference(manifest: dict[str, Any], model: str, settings: dict[str, Any]) -> str:
+    if manifest.get("model") != model:
+        return f"model {manifest.get('model')!r}, now {model!r}"
+    old = manifest.get("settings", {})
+    keys = sorted(set(old) | set(settings))
+    diffs = [
+        f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in keys if old.get(k) != settings.get(k)
+    ]
+    return ", ".join(diffs[:4])

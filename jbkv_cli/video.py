@@ -1,0 +1,205 @@
+"""Video files: a bit-exact lossless copy for fidelity, an H.264 mp4 for people and VBench.
+
+Formats written:
+
+- ``.mkv``: FFV1 (level 3, per-slice CRCs) on ``bgr0`` pixels in Matroska. RGB is stored as is
+  (no YUV conversion), so ``read_video`` returns the written uint8 frames bit for bit. The frame
+  count and the SHA-256 of the frames (C-order bytes) are stored as container tags
+  ``JBKV_FRAMES`` and ``JBKV_SHA256`` (written in the header), so a truncated or corrupted file
+  is detected instead of silently decoding fewer frames or concealed errors.
+- ``.npz``: ``frames`` (uint8 [T, H, W, 3]) and ``fps``, zip-compressed; exact as well.
+- ``.mp4``: H.264 (libx264, ``yuv420p``, CRF 18): lossy, for viewing and VBench. yuv420p
+  needs even sizes: odd frames are padded by one replicated row/column at the bottom/right
+  (nothing is rescaled), so the decoded mp4 can be one pixel larger than the input.
+
+All writes are atomic (temp file in the same directory, then rename); see ``jbkv_cli.atomic``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import av.error
+import numpy as np
+import torch
+
+from jbkv_cli.atomic import atomic_path
+from jbkv_cli.errors import JbkvError
+
+LOSSLESS_SUFFIXES = (".mkv", ".npz")
+VIDEO_SUFFIXES = (".mkv", ".npz", ".mp4", ".mov", ".avi", ".webm", ".m4v", ".gif")
+FRAMES_TAG = "JBKV_FRAMES"
+SHA256_TAG = "JBKV_SHA256"
+FFV1_OPTIONS = {"level": "3", "slicecrc": "1"}
+
+PathLike = str | os.PathLike[str]
+
+
+def write_video_lossless(path: PathLike, frames: torch.Tensor | np.ndarray, fps: float) -> Path:
+    """Write uint8 RGB ``frames`` [T, H, W, 3] losslessly to ``path`` (``.mkv`` or ``.npz``)."""
+    target = Path(path)
+    array = _as_frames(frames)
+    rate = _as_rate(fps)
+    suffix = target.suffix.lower()
+    if suffix not in LOSSLESS_SUFFIXES:
+        raise ValueError(f"lossless video must end in .mkv or .npz, got {target}")
+    with atomic_path(target) as tmp:
+        if suffix == ".npz":
+            with tmp.open("wb") as f:
+                np.savez_compressed(f, frames=array, fps=np.float64(float(rate)))
+        else:
+            _encode(tmp, array, rate, "matroska", "ffv1", "bgr0", FFV1_OPTIONS, tag_frames=True)
+    return target
+
+
+def write_video_mp4(
+    path: PathLike,
+    frames: torch.Tensor | np.ndarray,
+    fps: float,
+    *,
+    crf: int = 18,
+    preset: str = "medium",
+) -> Path:
+    """Write uint8 RGB ``frames`` [T, H, W, 3] as H.264 yuv420p mp4 (odd sizes edge-padded)."""
+    target = Path(path)
+    array = _as_frames(frames)
+    rate = _as_rate(fps)
+    pad_h, pad_w = array.shape[1] % 2, array.shape[2] % 2
+    if pad_h or pad_w:
+        array = np.pad(array, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    options = {"crf": str(crf), "preset": preset}
+    with atomic_path(target) as tmp:
+        _encode(tmp, array, rate, "mp4", "libx264", "yuv420p", options, tag_frames=False)
+    return target
+
+
+def read_video(path: PathLike) -> tuple[torch.Tensor, float]:
+    """Decode ``path`` to (uint8 RGB frames [T, H, W, 3] on CPU, fps).
+
+    ``.npz`` files without an ``fps`` entry report fps 0.0. Unreadable, corrupt, truncated or
+    empty files raise ``JbkvError`` naming the file.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise JbkvError(f"video not found: {source}")
+    if source.stat().st_size == 0:
+        raise JbkvError(f"cannot read video {source}: the file is empty")
+    if source.suffix.lower() == ".npz":
+        array, fps = _read_npz(source)
+    else:
+        array, fps = _read_av(source)
+    return torch.from_numpy(array), fps
+
+
+def _encode(
+    path: Path,
+    frames: np.ndarray,
+    rate: Fraction,
+    container_format: str,
+    codec: str,
+    pix_fmt: str,
+    options: dict[str, str],
+    *,
+    tag_frames: bool,
+) -> None:
+    with av.open(str(path), mode="w", format=container_format) as container:
+        if tag_frames:
+            container.metadata[FRAMES_TAG] = str(frames.shape[0])
+            container.metadata[SHA256_TAG] = _sha256(frames)
+        stream = container.add_stream(codec, rate=rate, options=options)
+        stream.width = frames.shape[2]
+        stream.height = frames.shape[1]
+        stream.pix_fmt = pix_fmt
+        for frame in frames:
+            video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+            container.mux(stream.encode(video_frame))
+        container.mux(stream.encode(None))
+
+
+def _read_av(path: Path) -> tuple[np.ndarray, float]:
+    try:
+        with av.open(str(path), mode="r") as container:
+            if not container.streams.video:
+                raise JbkvError(f"cannot read video {path}: no video stream")
+            stream = container.streams.video[0]
+            declared = _declared_frames(container, stream)
+            checksum = container.metadata.get(SHA256_TAG)
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            decoded = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    except JbkvError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, EOFError, RuntimeError) as exc:
+        raise JbkvError(f"cannot read video {path}: {_reason(exc)}") from exc
+    if not decoded:
+        raise JbkvError(f"cannot read video {path}: no frames decoded")
+    if declared is not None and len(decoded) < declared:
+        raise JbkvError(
+            f"cannot read video {path}: truncated or corrupt "
+            f"(decoded {len(decoded)} of {declared} frames)"
+        )
+    if any(f.shape != decoded[0].shape for f in decoded):
+        raise JbkvError(f"cannot read video {path}: frame size changes within the stream")
+    array = np.stack(decoded)
+    if checksum is not None and checksum.lower() != _sha256(array):
+        raise JbkvError(f"cannot read video {path}: corrupt (frame checksum mismatch)")
+    fps = float(rate) if rate else 0.0
+    return array, fps
+
+
+def _declared_frames(container: av.container.InputContainer, stream: av.VideoStream) -> int | None:
+    tag = container.metadata.get(FRAMES_TAG)
+    if tag is not None:
+        try:
+            return int(tag)
+        except ValueError:
+            raise JbkvError(f"cannot read video {container.name}: bad {FRAMES_TAG} tag") from None
+    return stream.frames or None
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, float]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "frames" not in data:
+                raise JbkvError(f"cannot read video {path}: no 'frames' array in the .npz")
+            array = data["frames"]
+            fps = float(data["fps"]) if "fps" in data else 0.0
+    except JbkvError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise JbkvError(f"cannot read video {path}: {_reason(exc)}") from exc
+    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3 or array.shape[0] == 0:
+        raise JbkvError(
+            f"cannot read video {path}: 'frames' must be uint8 [T, H, W, 3] with T >= 1, "
+            f"got {array.dtype} {list(array.shape)}"
+        )
+    return array, fps
+
+
+def _sha256(frames: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(frames).data).hexdigest()
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())
+
+
+def _as_frames(frames: torch.Tensor | np.ndarray) -> np.ndarray:
+    array = frames.detach().cpu().numpy() if isinstance(frames, torch.Tensor) else frames
+    array = np.asarray(array)
+    if array.dtype != np.uint8 or array.ndim != 4 or array.shape[-1] != 3 or array.shape[0] == 0:
+        raise ValueError(
+            f"frames must be uint8 [T, H, W, 3] with T >= 1, got {array.dtype} {list(array.shape)}"
+        )
+    return array
+
+
+def _as_rate(fps: float) -> Fraction:
+    if not fps > 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    return Fraction(fps).limit_denominator(10_000)
