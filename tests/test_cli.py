@@ -16,7 +16,7 @@ def test_help_lists_the_five_subcommands():
 def test_attention_demo_is_labelled_synthetic():
     result = runner.invoke(app, ["attention-demo", "--cached", "64", "--current", "16"])
     assert result.exit_code == 0, result.output
-    assert "Synthetic" in result.output and "not a video model" in result.output
+    assert "Synthetic" in result.output and "not a video" in result.output
     assert "INT2 rtn g32" in result.output
 
 
