@@ -63,15 +63,11 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import experiment, fidelity
+    from jbkv_cli.commands import experiment, fidelity, vbench
 
     experiment.register(app)
     fidelity.register(app)
-
-    @app.command()
-    def vbench() -> None:
-        """Run VBench-Long on generated videos in its own environment (not built yet)."""
-        raise JbkvError("`jbkv vbench` is not built yet (tracked in issue 5); nothing was run")
+    vbench.register(app)
 
 
 _register_commands()

@@ -84,19 +84,18 @@ def generate_all(
     model: VideoModel,
     run: RunDir,
     specs: list[KVSpec],
-    prompts: list[str],
-    seeds: list[int],
+    items: list[tuple[str, list[int]]],
     *,
     diagnostics: bool = True,
     show_progress: bool = True,
 ) -> GenerationSummary:
-    """Generate what is missing; finished videos are skipped (resumable)."""
-    prompts = [check_prompt(p) for p in prompts]
-    run.register(prompts, seeds)
+    """Generate every (variant, prompt, seed) of ``items`` = [(prompt, seeds)] that is missing;
+    finished videos are skipped (resumable). The reference goes first for each (prompt, seed)."""
+    items = [(check_prompt(p), seeds) for p, seeds in items]
+    run.register([p for p, _ in items], sorted({s for _, seeds in items for s in seeds}))
     vids = [run.ensure_variant(s) for s in specs]
-    jobs = [
-        (s, v, p, seed) for p in prompts for seed in seeds for s, v in zip(specs, vids, strict=True)
-    ]
+    pairs = list(zip(specs, vids, strict=True))
+    jobs = [(s, v, p, seed) for p, seeds in items for seed in seeds for s, v in pairs]
     summary = GenerationSummary()
     with _progress(show_progress) as progress:
         videos_task = progress.add_task("videos", total=len(jobs)) if progress else None

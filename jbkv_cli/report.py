@@ -39,9 +39,29 @@ def reference_label(run: RunDir) -> str:
     return "FP32" if reference_bits(run) == 32 else "BF16"
 
 
+def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
+    """Per variant: VBench dimension scores and totals from ``metrics/vbench.json`` (if any)."""
+    path = run.root / "metrics" / "vbench.json"
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise JbkvError(f"cannot read {path}: {exc}") from exc
+    out = {}
+    for vid, v in doc.get("variants", {}).items():
+        dims = {
+            d: {"mean": x["score"], "se": x.get("se"), "n": x.get("n_videos")}
+            for d, x in v.get("dimensions", {}).items()
+        }
+        out[vid] = {"dimensions": dims, **v.get("totals", {})}
+    return out
+
+
 def build_rows(run: RunDir) -> list[dict[str, Any]]:
     """One row per variant (reference first), from records and metrics on disk."""
     variants = run.variants()
+    vbench = vbench_results(run)
     if REFERENCE not in variants:
         raise JbkvError(f"{run.root} has no reference ({REFERENCE}) videos yet")
     ref_records = run.records(REFERENCE)
@@ -92,6 +112,7 @@ def build_rows(run: RunDir) -> list[dict[str, Any]]:
                 "kv_cache_bytes": None if kv is None else round(kv["mean"]),
                 "seconds": _agg([r["seconds"] for r in records]),
                 "videos": len(records),
+                "vbench": vbench.get(vid),
             }
         )
     return rows
@@ -182,6 +203,9 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]],
         "LPIPS ↓": _best(rows, "lpips", True),
         "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
     }
+    dims = sorted({d for r in rows if r.get("vbench") for d in r["vbench"]["dimensions"]})
+    if dims:
+        cols += [f"VB {d}" for d in dims] + ["VB quality"]
     cells = []
     for r in rows:
         ref = r["variant"] == REFERENCE

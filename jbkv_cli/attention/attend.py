@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from jbkv_cli.attention.correction import CORRECTIONS, augment_taylor, jensen_bias
+from jbkv_cli.attention.correction import CORRECTIONS, group_sq_norms, jensen_bias
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor
 
@@ -89,14 +89,35 @@ def masked(
     return torch.cat(outs, dim=-2)
 
 
-def _fused(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
-    qa, ka, va = augment_taylor(q, k, v, cached.k_step, scale, cached.rotation, sign)
-    return sdpa(qa, ka, va, scale)[..., : q.shape[-1]]
+def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
+    """``[cached | current]`` keys and values (one copy each)."""
+    k = torch.cat([cached.k.to(k_cur.dtype), k_cur], dim=-2)
+    v = torch.cat([cached.v.to(v_cur.dtype), v_cur], dim=-2)
+    return k, v
 
 
-def _flex(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+    """Augmented channels, built in one allocation per tensor (no extra concatenation)."""
+    groups, lc, d = cached.k_step.shape[-1], cached.num_tokens, q.shape[-1]
+    qn2 = group_sq_norms(q, groups, cached.rotation).to(q.dtype)
+    q_aug = torch.cat([q, qn2], dim=-1)
+    shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
+    k_aug = k_cur.new_empty(shape)
+    k_aug[..., :lc, :d] = cached.k
+    k_aug[..., lc:, :d] = k_cur
+    k_aug[..., :lc, d:] = (sign * scale / 24.0) * cached.k_step.square()
+    k_aug[..., lc:, d:] = 0
+    v_aug = v_cur.new_empty(shape)
+    v_aug[..., :lc, :d] = cached.v
+    v_aug[..., lc:, :d] = v_cur
+    v_aug[..., d:] = 0
+    return sdpa(q_aug, k_aug, v_aug, scale)[..., :d]
+
+
+def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
+    k, v = concat_kv(cached, k_cur, v_cur)
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
     qn2 = q.float() if cached.rotation is None else cached.rotation.rotate(q.float())
@@ -116,7 +137,8 @@ def _flex(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
     return out
 
 
-def _reference(q, k, v, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _reference(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+    k, v = concat_kv(cached, k_cur, v_cur)
     return masked(q, k, v, cached, scale, "taylor", sign, block=None)
 
 
@@ -184,16 +206,14 @@ def attend(
     _check_shapes(q, k_cur, v_cur, cached)
     if cached is None or cached.num_tokens == 0:
         return sdpa(q, k_cur, v_cur, scale)
-    k = torch.cat([cached.k.to(k_cur.dtype), k_cur], dim=-2)
-    v = torch.cat([cached.v.to(v_cur.dtype), v_cur], dim=-2)
     method, sign = correction, -1.0
     if cached.inject:
         method, sign = "exact", 1.0
     if cached.k_step is None or method == "none":
-        return sdpa(q, k, v, scale)
+        return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale)
     if method == "exact":
-        return masked(q, k, v, cached, scale, "exact", sign)
+        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", sign)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](q, k, v, cached, scale, sign)
+    return BACKENDS[name](q, k_cur, v_cur, cached, scale, sign)

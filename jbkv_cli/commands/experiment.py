@@ -22,7 +22,7 @@ from jbkv_cli.commands.options import (
     model_options,
     parse_list,
     parse_seeds,
-    read_prompts,
+    read_prompt_items,
 )
 from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError
@@ -106,7 +106,7 @@ def generate(
     ] = None,
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
-    seeds: SeedsOpt = "0",
+    seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
     ] = None,
@@ -152,13 +152,12 @@ def generate(
             spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
     except ValueError as exc:
         raise JbkvError(str(exc)) from exc
-    prompt_list = read_prompts(prompts, prompt, model)
-    seed_list = parse_seeds(seeds)
+    items = read_prompt_items(prompts, prompt, model, parse_seeds(seeds))
     m = _load(model, model_options(weights, num_chunks, steps, window, device, model_option))
     _check_group_size(m, [group_size] if bits < 16 else [])
     run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
-    summary = generate_all(m, run, specs, prompt_list, seed_list, diagnostics=diagnostics)
+    summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
     _summary_line(summary, run)
 
 
@@ -180,7 +179,7 @@ def quantize_eval(
     ] = "",
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
-    seeds: SeedsOpt = "0",
+    seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
     ] = Path("runs/quantize-eval"),
@@ -219,12 +218,12 @@ def quantize_eval(
         _check_model(name)
     results = []
     for name in models or [DEFAULT_MODEL]:
-        prompt_list = read_prompts(prompts, prompt, name)
+        items = read_prompt_items(prompts, prompt, name, seed_list)
         m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
         _check_group_size(m, groups)
         root = out_dir / name
         run = RunDir.create_or_resume(root, name, m.settings)
-        summary = generate_all(m, run, specs, prompt_list, seed_list)
+        summary = generate_all(m, run, specs, items)
         _summary_line(summary, run)
         status = score_fidelity(run, lpips=lpips)
         if vbench:
@@ -237,14 +236,21 @@ def quantize_eval(
 
 
 def _run_vbench(run: RunDir) -> None:
-    try:
-        from jbkv_cli.commands import vbench as vbench_cmd
-    except ImportError as exc:
-        raise JbkvError(f"VBench support is not available: {exc}") from exc
-    runner = getattr(vbench_cmd, "run_for_quantize_eval", None)
-    if runner is None:
-        raise JbkvError("VBench support is not available in this build")
-    runner(run.root)
+    """VBench-Long on every variant of the run, dimensions whose weights are present."""
+    from jbkv_cli.commands.vbench import run_command
+
+    run_command(
+        run.root,
+        dimensions=None,
+        mode="long_custom_input",
+        device="auto",
+        out_dir=None,
+        skip_missing=True,
+        static_filter=False,
+        dev_flag=True,
+        force=False,
+        root=None,
+    )
 
 
 def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) -> dict[str, Any]:

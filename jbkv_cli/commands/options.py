@@ -23,7 +23,10 @@ PromptsOpt = Annotated[
 PromptOpt = Annotated[
     list[str] | None, typer.Option("--prompt", help="A prompt (repeatable); adds to --prompts.")
 ]
-SeedsOpt = Annotated[str, typer.Option("--seeds", help="Seeds: '0,1,2' or '0-3'.")]
+SeedsOpt = Annotated[
+    str | None,
+    typer.Option("--seeds", help="Seeds: '0,1,2' or '0-3' (default 0; VBench sets: per prompt)."),
+]
 WeightsOpt = Annotated[
     Path | None, typer.Option("--weights", help="Model weights (file or directory).")
 ]
@@ -41,7 +44,9 @@ ModelOptionOpt = Annotated[
 ]
 
 
-def parse_seeds(text: str) -> list[int]:
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
     seeds: list[int] = []
     try:
         for part in text.split(","):
@@ -69,6 +74,26 @@ def parse_list(text: str, allowed: tuple, what: str, cast=str) -> list:
     if bad or not items:
         raise JbkvError(f"bad --{what} {text!r}: allowed {', '.join(map(str, allowed))}")
     return list(dict.fromkeys(items))
+
+
+VBENCH_SETS = {"vbench-long-30": "vbench-long-30", "vbench-smoke": "vbench-smoke"}
+
+
+def read_prompt_items(
+    spec: str | None, extra: list[str] | None, model: str, seeds: list[int] | None
+) -> list[tuple[str, list[int]]]:
+    """(prompt, seeds) pairs. VBench sets give each prompt the number of samples VBench expects
+    (seeds 0..n-1, named ``{prompt}-{index}``) unless ``--seeds`` is given."""
+    if spec in VBENCH_SETS:
+        from jbkv_cli.metrics.vbench_prompts import load_vbench_subset
+
+        items = [
+            (p.prompt, seeds or list(range(p.samples_per_prompt)))
+            for p in load_vbench_subset(VBENCH_SETS[spec])
+        ]
+        items += [(p, seeds or [0]) for p in extra or [] if p.strip()]
+        return items
+    return [(p, seeds or [0]) for p in read_prompts(spec, extra, model)]
 
 
 def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:

@@ -79,11 +79,13 @@ def quantize_groups(
     check_group_size(dim, group_size)
     levels = (1 << bits) - 1
     groups = x.float().unflatten(-1, (dim // group_size, group_size))  # [..., G, g]
-    zero = round_down_bf16(groups.amin(-1))  # [..., G]
+    lo, hi = torch.aminmax(groups, dim=-1)
+    zero = round_down_bf16(lo)  # [..., G]
     z = zero.float()
-    step = round_up_fp8((groups.amax(-1) - z) / levels)
+    step = round_up_fp8((hi - z) / levels)
     d = step.float()
-    scaled = (groups - z.unsqueeze(-1)) / torch.where(d > 0, d, 1.0).unsqueeze(-1)
+    inv = torch.where(d > 0, d, 1.0).reciprocal_()
+    scaled = (groups - z.unsqueeze(-1)).mul_(inv.unsqueeze(-1))
     codes = scaled.round_().clamp_(0, levels).to(torch.uint8)
     return codes.flatten(-2), step, zero
 

@@ -127,3 +127,18 @@ def test_bad_input(change, match):
             scale=0.1,
             correction=args["correction"],
         )
+
+
+def test_augment_taylor_is_the_fused_form():
+    from jbkv_cli.attention.attend import sdpa
+    from jbkv_cli.attention.correction import augment_taylor
+
+    q, kc, vc, k, v = _inputs(hq=4, hkv=2)
+    qk, qv = quantize_kv(kc, 2), quantize_kv(vc, 2)
+    kk, vv = torch.cat([qk.dequantize(), k], -2), torch.cat([qv.dequantize(), v], -2)
+    qa, ka, va = augment_taylor(q, kk, vv, qk.step, 0.125)
+    assert qa.shape[-1] == ka.shape[-1] == va.shape[-1] == 64 + 2
+    assert (ka[..., 40:, 64:] == 0).all() and (va[..., 64:] == 0).all()
+    out = sdpa(qa, ka, va, 0.125)[..., :64]
+    ref = attend(q, k, v, (qk, qv), scale=0.125, correction="taylor", backend="reference")
+    assert (out - ref).abs().max() <= 1e-5
