@@ -18,12 +18,12 @@ demo: $(STAMP)
 	$(BIN)/jbkv attention-demo --cached 512 --current 128
 
 test: $(STAMP)
-	$(BIN)/ruff check jbkv_cli tests benchmarks
-	$(BIN)/ruff format --check jbkv_cli tests benchmarks
+	$(BIN)/ruff check jbkv_cli tests benchmarks scripts
+	$(BIN)/ruff format --check jbkv_cli tests benchmarks scripts
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check jbkv_cli tests benchmarks
+	$(BIN)/ruff check jbkv_cli tests benchmarks scripts
 
 format: $(STAMP)
 	$(BIN)/ruff format jbkv_cli tests benchmarks

@@ -8,8 +8,11 @@ A committed chunk is quantized once (per :class:`~jbkv_cli.quant.spec.KVSpec`) a
 again; eviction drops whole chunks. The first ``spec.sink_chunks`` chunks stay in full precision
 and are never evicted (attention sinks); the window counts the other chunks. ``nbytes`` is what
 the stored tensors hold (packed codes, FP8 steps, BF16 zeros). Reads dequantize the window into
-one working buffer that is reused until the next commit (a production kernel would dequantize on
-the fly; that buffer is reported apart as ``working_nbytes``).
+a working buffer (a production kernel would dequantize on the fly). ``keep_view`` decides whether
+that buffer is kept until the next commit (fast: denoising steps re-read the same window) or
+dropped after each call (memory: only one layer's window is ever dequantized); the default keeps
+it on CPU and drops it on GPU, where memory is what quantization is for and dequantizing is
+cheap. A kept buffer is reported apart as ``working_nbytes``.
 """
 
 from __future__ import annotations
@@ -43,11 +46,17 @@ class _Chunk:
 class ChunkKVCache:
     """A sliding window of committed chunks for one attention layer."""
 
-    def __init__(self, spec: KVSpec = FULL_PRECISION, window: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: KVSpec = FULL_PRECISION,
+        window: int | None = None,
+        keep_view: bool | None = None,
+    ) -> None:
         if window is not None and window < 0:
             raise ValueError(f"window must be >= 0 chunks or None, got {window}")
         self.spec = spec
         self.window = window
+        self.keep_view = keep_view
         self.chunks: list[_Chunk] = []
         self.committed = 0
         self.peak_nbytes = 0
@@ -135,7 +144,10 @@ class ChunkKVCache:
             return self._view[1]
         chunks = self._selected(last)
         view = self._assemble(chunks) if chunks else None
-        self._view = (key, view)
+        keep = self.keep_view
+        if keep is None:
+            keep = not chunks or chunks[0].k.data.device.type == "cpu"
+        self._view = (key, view) if keep else None
         return view
 
     def _assemble(self, chunks: list[_Chunk]) -> CachedKV:

@@ -105,3 +105,14 @@ def test_kvspec_validation():
     with pytest.raises(ValueError, match="bits=16"):
         KVSpec("rtn", 16)
     assert KVSpec("rtn", 2, correction="taylor").label == "INT2 rtn g32 +taylor"
+
+
+def test_keep_view_controls_the_working_buffer():
+    k, v = _chunk(0)
+    kept, dropped = ChunkKVCache(KVSpec("rtn", 2)), ChunkKVCache(KVSpec("rtn", 2), keep_view=False)
+    for c in (kept, dropped):
+        c.commit(k, v)
+    a, b = kept.read(), dropped.read()
+    assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    assert kept.read() is a and kept.working_nbytes == 2 * k.numel() * 4
+    assert dropped.read() is not b and dropped.working_nbytes == 0

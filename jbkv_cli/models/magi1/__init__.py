@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.magi1.checkpoint import load_strict, locate, read_state_dict
 from jbkv_cli.models.magi1.config import DEFAULT_VARIANT, TINY_VARIANT, VARIANTS, VAEConfig
 from jbkv_cli.models.magi1.dit import VideoDiT
@@ -53,14 +54,6 @@ OPTIONS = (
     "special_tokens",
     "seed",
 )
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-}
 
 
 def _kv_range(value: Any) -> tuple[int, ...] | None:
@@ -83,12 +76,8 @@ def _device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[
         raise JbkvError(f"device {dev!r} requested but CUDA is not available")
     if dtype is None:
         dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
-    elif isinstance(dtype, torch.dtype):
-        dt = dtype
-    elif str(dtype) in _DTYPES:
-        dt = _DTYPES[str(dtype)]
     else:
-        raise JbkvError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        dt = dtype_from_name(dtype)
     return dev, dt
 
 

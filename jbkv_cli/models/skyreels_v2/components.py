@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.errors import WeightsNotFoundError
 
 DEFAULT_REPO_ID = "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers"
 ENV_VAR = "JBKV_SKYREELS_DIR"
@@ -292,20 +292,3 @@ def save_components(components: Components, root: Path) -> None:
     components.text_encoder.save_pretrained(root / "text_encoder")
     components.tokenizer.save_pretrained(root / "tokenizer")
     components.scheduler.save_pretrained(root / "scheduler")
-
-
-def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"``/``"bf16"``/``"float16"``/``"fp16"``/``"float32"``/``"fp32"`` -> dtype."""
-    if isinstance(name, torch.dtype):
-        return name
-    names = {
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-        "float32": torch.float32,
-        "fp32": torch.float32,
-    }
-    if name not in names:
-        raise JbkvError(f"unknown dtype {name!r}; choose one of: {', '.join(names)}")
-    return names[name]

@@ -36,10 +36,10 @@ import torch
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.skyreels_v2.attention import ChunkContext, chunk_attention
 from jbkv_cli.models.skyreels_v2.components import (
     Components,
-    dtype_from_name,
     load_components,
     resolve_weights_dir,
     tiny_components,
