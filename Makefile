@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+SRC    := jbkv_cli tests benchmarks scripts
 
-.PHONY: setup demo test lint format bench clean
+# The CI regression gate: a small matrix on the embedded model against a committed baseline.
+GATE_DIR  ?= runs/ci-gate
+GATE_ARGS := --prompts prompts/tiny-ci.txt --seeds 0,1 --bits 2,4 --quantizers rtn,quarot \
+             --corrections none,taylor --no-lpips --no-plots
+BASELINE  := baselines/tiny-ci.json
+
+.PHONY: setup demo test lint format gate baseline bench tiny-weights clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,22 +22,36 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/jbkv attention-demo --cached 512 --current 128
+	$(BIN)/jbkv quantize-eval
 
-test: $(STAMP)
-	$(BIN)/ruff check jbkv_cli tests benchmarks scripts
-	$(BIN)/ruff format --check jbkv_cli tests benchmarks scripts
+test: lint $(STAMP)
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory gate
 
 lint: $(STAMP)
-	$(BIN)/ruff check jbkv_cli tests benchmarks scripts
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
 
 format: $(STAMP)
-	$(BIN)/ruff format jbkv_cli tests benchmarks
-	$(BIN)/ruff check --fix jbkv_cli tests benchmarks
+	$(BIN)/ruff format $(SRC)
+	$(BIN)/ruff check --fix $(SRC)
+
+gate: $(STAMP)
+	rm -rf $(GATE_DIR)
+	$(BIN)/jbkv quantize-eval $(GATE_ARGS) --out $(GATE_DIR)
+	$(BIN)/jbkv report $(GATE_DIR)/tiny --baseline $(BASELINE)
+
+baseline: $(STAMP)
+	rm -rf $(GATE_DIR)
+	$(BIN)/jbkv quantize-eval $(GATE_ARGS) --out $(GATE_DIR) --json $(BASELINE)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/fidelity.py
+	$(BIN)/python benchmarks/tiny_generate.py
+
+tiny-weights: $(STAMP)
+	$(BIN)/python -m jbkv_cli.models.tiny.train --out jbkv_cli/models/tiny/weights/tiny.safetensors --seed 0
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info runs

@@ -132,13 +132,15 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc
     seconds = time.perf_counter() - start
+    diag_seconds = rec.seconds if rec is not None else 0.0
     record: dict[str, Any] = {
         "prompt": prompt,
         "seed": seed,
         "index": run.index_of(seed),
         "variant": vid,
         "spec": spec.to_dict(),
-        "seconds": seconds,
+        "seconds": seconds - diag_seconds,  # generation alone
+        "diagnostics_seconds": diag_seconds,
         "kv_cache_bytes": int(video.kv_cache_bytes),
         "frames": list(video.frames.shape),
         "fps": video.fps,

@@ -57,6 +57,24 @@ def variant_id(spec: KVSpec) -> str:
     return "-".join(parts)
 
 
+def table_order(spec: KVSpec) -> tuple:
+    """Sort key of a variant in tables (see :meth:`RunDir.variants`)."""
+    quantizers = ("none", "rtn", "quarot")
+    corrections = ("none", "taylor", "exact")
+    ablation = (not spec.keys) + 2 * (not spec.values) + 4 * spec.bias_only
+    return (
+        spec.bits != 16,
+        quantizers.index(spec.quantizer),
+        spec.group_size,
+        -spec.bits,
+        ablation,
+        corrections.index(spec.correction),
+        spec.rotation_seed,
+        spec.rotation_block or 0,
+        spec.sink_chunks,
+    )
+
+
 def video_name(prompt: str, index: int) -> str:
     """VBench's naming: ``{prompt}-{index}``."""
     return f"{prompt}-{index}"
@@ -191,14 +209,15 @@ class RunDir:
         return vid
 
     def variants(self) -> dict[str, KVSpec]:
-        """Every variant present, the reference first."""
+        """Every variant present, in table order: the reference, then per quantizer (rtn,
+        quarot) and bit width (high to low) the full variant, its ablations, its corrections."""
         out: dict[str, KVSpec] = {}
         base = self.root / "videos"
         if not base.is_dir():
             return out
         for path in sorted(base.glob("*/variant.json")):
             out[path.parent.name] = KVSpec(**_read_json(path))
-        return dict(sorted(out.items(), key=lambda kv: kv[0] != REFERENCE))
+        return dict(sorted(out.items(), key=lambda kv: table_order(kv[1])))
 
     # --- videos -------------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ def synthetic_row(spec: KVSpec, cfg: SyntheticConfig = SyntheticConfig()) -> dic
     """ΔP_S, JSD and output MSE of one variant on the synthetic problem."""
     q, kc, vc, k, v = synthetic_problem(cfg)
     scale = cfg.head_dim**-0.5
-    with record_attention(max_queries=cfg.current) as rec:
+    with record_attention(max_queries=cfg.current, every=1) as rec:
         cache = ChunkKVCache(spec)
         cache.commit(kc, vc)
         cache.attend(q, k, v, scale)

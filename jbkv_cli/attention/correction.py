@@ -71,8 +71,61 @@ def exact_bias(
 ) -> torch.Tensor:
     """``b_i = Σ_c log(sinh α_ic / α_ic)``, ``α_ic = τ q_c Δ_i,g(c) / 2`` -> ``[..., Hq, Lq, Lk]``.
 
+    Steps stored in FP8 E4M3 take at most 127 distinct values, so the bias is a table lookup:
+    per query and group ``j``, ``T_j[v] = Σ_{c∈j} log sinhc(τ q_c v / 2)`` over the 127 values,
+    then ``b_i = Σ_j T_j[Δ_ij]`` — exact, and ``O(Lq·D·127 + Lq·Lk·G)`` instead of
+    ``O(Lq·Lk·D)`` transcendental evaluations. Other steps use :func:`exact_bias_direct`.
+    """
+    codes = _fp8_codes(step)
+    if codes is None:
+        return exact_bias_direct(q, step, scale, rotation, max_elements)
+    qf = q.float() if rotation is None else rotation.rotate(q.float())
+    groups = step.shape[-1]
+    present = torch.unique(codes)  # the V ≤ 127 step values actually stored
+    values = _FP8_VALUES.to(q.device)[present]  # [V]
+    lut = torch.zeros(127, dtype=torch.long, device=q.device)
+    lut[present] = torch.arange(present.numel(), device=q.device)
+    codes = _expand_kv_heads(lut[codes], q.shape[-3])  # [..., Hq, Lk, G] indices into values
+    lead, lq, lk = q.shape[:-2], q.shape[-2], step.shape[-2]
+    qg = qf.reshape(-1, lq, groups, q.shape[-1] // groups)  # [N, Lq, G, g]
+    cg = codes.reshape(-1, lk, groups)  # [N, Lk, G]
+    out = torch.empty(qg.shape[0], lq, lk, dtype=torch.float32, device=q.device)
+    block = max(1, max_elements // max(1, q.shape[-1] * values.numel()))
+    for n in range(qg.shape[0]):
+        for start in range(0, lq, block):
+            qb = qg[n, start : start + block]  # [b, G, g]
+            table = log_sinhc(0.5 * scale * qb.unsqueeze(-1) * values).sum(-2)  # [b, G, V]
+            acc = table[:, 0].index_select(-1, cg[n, :, 0])
+            for j in range(1, groups):
+                acc += table[:, j].index_select(-1, cg[n, :, j])
+            out[n, start : start + block] = acc
+    return out.reshape(*lead, lq, lk)
+
+
+_FP8_VALUES = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+
+
+def _fp8_codes(step: torch.Tensor) -> torch.Tensor | None:
+    """The FP8 E4M3 bit patterns of ``step`` (int64), or None if a step is not an FP8 value."""
+    if step.numel() == 0 or bool((step < 0).any()) or bool((step > 448).any()):
+        return None
+    s8 = step.float().to(torch.float8_e4m3fn)
+    if not torch.equal(s8.float(), step.float()):
+        return None
+    return s8.view(torch.uint8).long()
+
+
+def exact_bias_direct(
+    q: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rotation: RandomHadamard | None = None,
+    max_elements: int = 1 << 24,
+) -> torch.Tensor:
+    """:func:`exact_bias` for any steps, evaluated channel by channel.
+
     Materialises ``[Lq_block, Lk, D]`` per head block, so it is processed in query blocks of at
-    most ``max_elements`` elements: an analysis tool, not the production path (that is Taylor).
+    most ``max_elements`` elements.
     """
     qf = q.float() if rotation is None else rotation.rotate(q.float())
     groups = step.shape[-1]

@@ -57,6 +57,7 @@ class ChunkKVCache:
         self.spec = spec
         self.window = window
         self.keep_view = keep_view
+        self._calls = 0
         self.chunks: list[_Chunk] = []
         self.committed = 0
         self.peak_nbytes = 0
@@ -193,11 +194,13 @@ class ChunkKVCache:
         correction = self.spec.correction
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
         rec = active_recorder()
+        self._calls += 1
         if (
             rec is not None
             and cached is not None
             and cached.k_ref is not None
             and cached.k_step is not None
+            and self._calls % rec.every == 0
         ):
             rec.observe(q, k_cur, v_cur, cached, scale, correction)
         return out

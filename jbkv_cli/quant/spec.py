@@ -63,7 +63,7 @@ class KVSpec:
     def label(self) -> str:
         """A short human label, e.g. ``INT2 rtn g32 +taylor``."""
         if self.bits == 16:
-            return "BF16"
+            return "16-bit reference"
         parts = [f"INT{self.bits}", self.quantizer, f"g{self.group_size}"]
         if not (self.keys and self.values):
             parts.append("K-only" if self.keys else "V-only")

@@ -107,3 +107,17 @@ def test_none_is_zero_and_bad_method():
         jensen_bias(q, step, 0.1, "cubic")
     with pytest.raises(ValueError, match="groups"):
         jensen_bias(q, torch.rand(1, 1, 4, 3), 0.1)
+
+
+def test_exact_table_lookup_equals_direct_evaluation():
+    from jbkv_cli.attention.correction import exact_bias_direct
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 33, 64, generator=g) * 2
+    step = quantize_kv(torch.randn(1, 2, 70, 64, generator=g) * 3, bits=2).step  # FP8 values
+    rot = RandomHadamard(64, seed=1)
+    for r in (None, rot):
+        fast, direct = exact_bias(q, step, 0.125, r), exact_bias_direct(q, step, 0.125, r)
+        assert torch.allclose(fast, direct, rtol=1e-5, atol=1e-6)
+    odd = torch.rand(1, 2, 70, 2, generator=g) * 0.3  # not FP8 values: the direct path
+    assert torch.equal(exact_bias(q, odd, 0.125), exact_bias_direct(q, odd, 0.125))

@@ -22,7 +22,7 @@ def _attention_problem(seed=0, lc=512, lcur=128, d=64, heads=4):
 
 def _delta_ps(spec, seed=0):
     q, kc, vc, k, v = _attention_problem(seed)
-    with record_attention(max_queries=128) as rec:
+    with record_attention(max_queries=128, every=1) as rec:
         cache = ChunkKVCache(spec)
         cache.commit(kc, vc)
         cache.attend(q, k, v, scale=1 / 8)

@@ -79,7 +79,7 @@ def test_bias_only_keeps_exact_keys_and_injects():
     kc, vc = _chunk(3, length=8)
     plain = ChunkKVCache(KVSpec())
     plain.commit(k, v)
-    with record_attention() as rec:
+    with record_attention(every=1) as rec:
         cache2 = ChunkKVCache(KVSpec("rtn", 2, bias_only=True))
         cache2.commit(k, v)
         cache2.attend(q, kc, vc, scale=0.125)

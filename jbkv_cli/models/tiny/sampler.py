@@ -1,0 +1,87 @@
+"""Chunk-wise generation with the tiny model: few-step flow sampling against a KV cache.
+
+For chunk ``i = 0 .. N-1``:
+
+1. start from noise ``x_1 = eps_i`` and take ``S`` Euler steps of the x0-parametrised flow on
+   the grid ``t_k = 1 - k/S``: ``x0_hat = f(x_tk)``, ``x_t(k+1) = x0_hat + (t_(k+1)/t_k)(x_tk - x0_hat)``;
+   every step attends to the cached chunks (read through ``ChunkKVCache.attend``) and to the
+   current chunk in full precision;
+2. refresh pass: run the finished chunk once more at the small context noise level ``t_c``
+   (``x = (1 - t_c) x0_hat + t_c eps'_i``, as in training) and commit its post-RoPE keys and values
+   of every layer to the caches, where they are quantized once per the :class:`KVSpec`.
+
+All noise (``eps_i``, ``eps'_i``) is drawn up front on the CPU from
+``noise_generator(seed, prompt)``, so every KV variant of a (prompt, seed) sees identical inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+
+from jbkv_cli.models.tiny.model import TinyDiT, unpatchify
+from jbkv_cli.quant.cache import ChunkKVCache
+from jbkv_cli.quant.spec import KVSpec
+from jbkv_cli.seeding import noise_generator
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """Generation settings of the tiny model."""
+
+    num_chunks: int = 8
+    steps: int = 4
+    window: int = 2
+    ctx_noise: float = 0.1
+
+
+@dataclass
+class Generated:
+    """Frames in [0, 1] ``[T, 3, H, W]`` and the peak bytes held by all layers' caches."""
+
+    frames: torch.Tensor
+    kv_cache_bytes: int
+
+
+def draw_noise(model: TinyDiT, num_chunks: int, seed: int, prompt: str) -> torch.Tensor:
+    """``[num_chunks, 2, L_c, patch_dim]``: per chunk the initial and the refresh noise (CPU)."""
+    cfg = model.cfg
+    gen = noise_generator(seed, prompt)
+    return torch.randn(num_chunks, 2, cfg.chunk_len, cfg.patch_dim, generator=gen)
+
+
+@torch.inference_mode()
+def sample(
+    model: TinyDiT,
+    words: list[int],
+    noise: torch.Tensor,
+    kv: KVSpec,
+    settings: SamplerSettings,
+    progress: Callable[[int, int], None] | None = None,
+) -> Generated:
+    """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    caches = [ChunkKVCache(kv, window=settings.window) for _ in range(cfg.depth)]
+    word_ids = torch.tensor([words], device=device)
+    grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
+    chunks = []
+    for i in range(settings.num_chunks):
+        x = noise[i, 0].to(device)[None]
+        x0 = x
+        for t, t_next in pairwise(grid):
+            x0 = model.forward_chunk(x, torch.full((1,), t, device=device), word_ids, i, caches)
+            x = x0 + (t_next / t) * (x - x0)
+        tc = settings.ctx_noise
+        ctx = (1 - tc) * x0 + tc * noise[i, 1].to(device)[None]
+        model.forward_chunk(ctx, torch.full((1,), tc, device=device), word_ids, i, caches, True)
+        chunks.append(x0)
+        if progress is not None:
+            progress(i + 1, settings.num_chunks)
+    tokens = torch.cat(chunks, 1)
+    video = unpatchify(tokens, cfg.patch_size, cfg.channels, cfg.image_size)[0]
+    frames = ((video.float().cpu() + 1) / 2).clamp(0, 1)
+    return Generated(frames, sum(c.peak_nbytes for c in caches))

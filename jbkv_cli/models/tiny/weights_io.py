@@ -1,0 +1,40 @@
+"""Save and load the tiny model: a safetensors file (config in its metadata) + a JSON log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from jbkv_cli.errors import WeightsNotFoundError
+from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
+
+DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tiny.safetensors"
+
+
+def save_weights(model: TinyDiT, path: Path, log: dict) -> None:
+    """Write ``path`` (fp32 tensors, ``{"config": ...}`` metadata) and ``path.json`` (the log)."""
+    path = Path(path)
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(path), metadata={"config": json.dumps(model.cfg.to_dict())})
+    summary = {k: v for k, v in log.items() if k != "history"}
+    summary["history"] = log.get("history", [])
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def load_weights(path: Path | str | None = None, device: str = "cpu") -> TinyDiT:
+    """Build a :class:`TinyDiT` from a safetensors file (default: the shipped weights)."""
+    path = Path(path) if path is not None else DEFAULT_WEIGHTS
+    if not path.is_file():
+        raise WeightsNotFoundError(
+            f"tiny model weights not found at {path}; train them with "
+            f"`python -m jbkv_cli.models.tiny.train --out {path}`"
+        )
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        cfg = TinyConfig(**json.loads(f.metadata()["config"]))
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    model = TinyDiT(cfg)
+    model.load_state_dict(state)
+    return model.to(device).eval().requires_grad_(False)

@@ -1,0 +1,126 @@
+"""The tiny model with its shipped weights: loading, determinism, prompt following, the
+Jensen-bias floors in small, and a training smoke run. Offline, CPU, fixed seeds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jbkv_cli.attention import record_attention
+from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.registry import load_model as registry_load
+from jbkv_cli.models.tiny import load_model
+from jbkv_cli.models.tiny.data import BACKGROUNDS, COLOURS, MOTIONS
+from jbkv_cli.models.tiny.model import TinyConfig
+from jbkv_cli.models.tiny.train import TrainConfig, train
+from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
+from jbkv_cli.quant.spec import KVSpec
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return load_model()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a.float() - b.float()).square().mean(dim=(1, 2, 3)).clamp_min(1e-6)
+    return float((10 * torch.log10(255.0**2 / mse)).mean())
+
+
+def foreground(frames: torch.Tensor, background: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean colour of the non-background pixels and their centroid (x, y) per frame."""
+    x = frames.float() / 255
+    bg = BACKGROUNDS[background]
+    mask = ((x - bg).abs().amax(-1) > 0.25).float()  # [T, H, W]
+    ys, xs = torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="ij")
+    area = mask.sum((1, 2)).clamp_min(1)
+    centroid = torch.stack(((mask * xs).sum((1, 2)) / area, (mask * ys).sum((1, 2)) / area), -1)
+    colour = (x * mask[..., None]).sum((0, 1, 2)) / mask.sum().clamp_min(1)
+    return colour, centroid
+
+
+def test_shipped_weights_load_offline(model) -> None:
+    assert DEFAULT_WEIGHTS.is_file() and DEFAULT_WEIGHTS.stat().st_size < 20e6
+    assert isinstance(model, VideoModel)
+    assert model.settings["num_chunks"] >= 8
+    assert isinstance(registry_load("tiny", num_chunks=1), VideoModel)
+    with pytest.raises(WeightsNotFoundError):
+        load_weights("/nonexistent/tiny.safetensors")
+    with pytest.raises(JbkvError):
+        load_model(colour="red")
+
+
+def test_same_seed_same_video_other_seed_other_video() -> None:
+    m = load_model(num_chunks=2)
+    prompt = "a green triangle moves up on a gray background"
+    a = m.generate(prompt, 0, KVSpec()).frames
+    b = m.generate(prompt, 0, KVSpec()).frames
+    c = m.generate(prompt, 1, KVSpec()).frames
+    assert a.shape == (8, 32, 32, 3) and a.dtype == torch.uint8
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "a red circle moves right on a dark background",
+        "a blue square moves left on a light background",
+        "a yellow triangle moves down on a gray background",
+        "a green circle moves up on a dark background",
+    ],
+)
+def test_video_follows_its_prompt(model, prompt: str) -> None:
+    words = prompt.split()
+    colour_name, motion, background = words[1], words[4], words[7]
+    video = model.generate(prompt, 0, KVSpec())
+    assert video.frames.shape[0] == 32
+    colour, centroid = foreground(video.frames, background)
+    nearest = min(COLOURS, key=lambda c: float((torch.tensor(COLOURS[c]) - colour).norm()))
+    assert nearest == colour_name
+    # the shape starts on the far side of its motion, so it moves as named over the first frames
+    dx, dy = (centroid[7] - centroid[0]).tolist()
+    ux, uy = MOTIONS[motion]
+    assert dx * ux + dy * uy > 2.0, (dx, dy)
+    # ... and stays a shape through the first half of the video (known limitation of the shipped
+    # weights: in some videos the shape fades after its bounce off the far wall)
+    x = video.frames[:16].float() / 255
+    mask_area = ((x - BACKGROUNDS[background]).abs().amax(-1) > 0.25).float().sum((1, 2))
+    assert mask_area.min() > 15, mask_area
+
+
+def test_int4_beats_int2_and_taylor_shrinks_the_attention_shift(model) -> None:
+    m = load_model(num_chunks=4)
+    results = {}
+    specs = {
+        "int2": KVSpec(quantizer="rtn", bits=2),
+        "int2_taylor": KVSpec(quantizer="rtn", bits=2, correction="taylor"),
+        "int4": KVSpec(quantizer="rtn", bits=4),
+    }
+    prompts = ["a red circle moves right on a dark background"]
+    for prompt in prompts:
+        ref = m.generate(prompt, 0, KVSpec()).frames
+        for name, spec in specs.items():
+            with record_attention() as rec:
+                frames = m.generate(prompt, 0, spec).frames
+            results.setdefault(name, []).append((psnr(frames, ref), rec.summary()["delta_ps"]))
+    mean = {k: [sum(x) / len(x) for x in zip(*v, strict=True)] for k, v in results.items()}
+    assert mean["int4"][0] > mean["int2"][0] + 3.0, mean
+    assert mean["int2"][1] > 0, mean
+    assert abs(mean["int2_taylor"][1]) < 0.5 * mean["int2"][1], mean
+
+
+def test_training_smoke_run_and_weights_roundtrip(tmp_path) -> None:
+    cfg = TinyConfig(depth=1, window=1, frames_per_chunk=1)
+    tc = TrainConfig(steps=10, batch_size=1, warmup=2, extra_chunks=1, threads=1)
+    model, log = train(cfg, tc, seed=0, log_every=5)
+    assert log["steps"] == 10 and len(log["history"]) == 2
+    assert torch.isfinite(torch.tensor(log["final_loss"]))
+    path = tmp_path / "tiny.safetensors"
+    save_weights(model, path, log)
+    again = load_weights(path)
+    for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert (tmp_path / "tiny.json").is_file()
