@@ -131,7 +131,7 @@ def main() -> None:
             f"{r['quantize_gb_s']:.2f}",
             f"{r['cache_ratio']:.4f}",
         )
-    Console().print(table)
+    Console(width=150).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
