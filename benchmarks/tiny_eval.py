@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from jbkv_cli.attention import record_attention
+from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
+from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.quant.spec import KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-IDENTICAL_DB = 100.0
 
 
 def variants() -> dict[str, KVSpec]:
@@ -44,17 +44,13 @@ def paired(a: list[float], b: list[float]) -> tuple[float, float]:
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Per-frame PSNR of uint8 frames (peak 255), mean over frames."""
-    mse = (a.float() - b.float()).square().mean(dim=(1, 2, 3))
-    db = torch.where(mse > 0, 10 * torch.log10(255.0**2 / mse.clamp_min(1e-12)), IDENTICAL_DB)
-    return float(db.mean())
+    """jbkv's per-frame PSNR (uint8, peak 255, identical frames capped), mean over frames."""
+    return float(psnr_from_mse(mse_per_frame(a, b)).mean())
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    n = len(xs)
-    m = sum(xs) / n
-    var = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
-    return m, math.sqrt(var / n)
+    agg = aggregate(xs)
+    return agg["mean"], agg["se"] or 0.0
 
 
 def main() -> None:
@@ -68,7 +64,7 @@ def main() -> None:
         "--exact-seeds",
         type=int,
         default=None,
-        help="run the (slow, O(Lq Lk D)) exact correction only for seeds below this",
+        help="run the exact correction only for seeds below this (default: all)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "tiny_eval.json")
     args = ap.parse_args()
@@ -105,7 +101,7 @@ def main() -> None:
             "videos": len(r["psnr"]),
             "psnr": r["psnr"],
             "delta_ps": r["dps"],
-            "identical_frames_as_db": IDENTICAL_DB,
+            "identical_frames_as_db": PSNR_CAP_DB,
         }
         print(f"{name:28s} {p:8.2f} ± {pse:5.2f} {d:+.5f} ± {dse:.5f}")
     result["recovery"] = {}
