@@ -23,3 +23,13 @@ def test_attention_demo_is_labelled_synthetic():
 @pytest.mark.parametrize("argv", [["--version"], ["-h"]])
 def test_version_and_short_help(argv):
     assert runner.invoke(app, argv).exit_code == 0
+
+
+def test_python_dash_m_entry_point():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "jbkv_cli", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and "quantize-eval" in out.stdout
