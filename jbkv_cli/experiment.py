@@ -22,9 +22,14 @@ from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.runs import REFERENCE, RunDir, check_prompt, variant_id, video_name
+from jbkv_cli.runs import REFERENCE, RunDir, check_prompt, video_name
 
 HISTOGRAM_SAMPLES = 2000
+ABLATIONS: dict[str, dict[str, bool]] = {
+    "keys-only": {"values": False},
+    "values-only": {"keys": False},
+    "bias-only": {"bias_only": True},
+}
 
 
 def build_matrix(
@@ -43,11 +48,7 @@ def build_matrix(
                 for c in corrections:
                     specs.append(KVSpec(q, b, g, c, rotation_seed=rotation_seed))
                 for a in ablations:
-                    kw = {
-                        "keys-only": {"values": False},
-                        "values-only": {"keys": False},
-                        "bias-only": {"bias_only": True},
-                    }[a]
+                    kw = ABLATIONS[a]
                     specs.append(KVSpec(q, b, g, "none", rotation_seed=rotation_seed, **kw))
     seen, unique = set(), []
     for s in specs:
@@ -197,10 +198,3 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
 def _stale(entry: dict[str, Any], scorer) -> bool:
     """Recompute an entry that lacks LPIPS when LPIPS has become available."""
     return scorer is not None and entry.get("lpips") is None
-
-
-def variant_label(vid: str) -> str:
-    return vid if vid != REFERENCE else REFERENCE.upper()
-
-
-__all__ = ["build_matrix", "generate_all", "score_fidelity", "variant_id"]

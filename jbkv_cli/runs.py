@@ -272,11 +272,6 @@ class RunDir:
     def write_metrics(self, kind: str, vid: str, data: dict[str, Any]) -> None:
         _write_json(self.metrics_path(kind, vid), data)
 
-    def write_json(self, relative: str, data: Any) -> Path:
-        path = self.root / relative
-        _write_json(path, data)
-        return path
-
 
 def _describe_difference(manifest: dict[str, Any], model: str, settings: dict[str, Any]) -> str:
     if manifest.get("model") != model:

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from jbkv_cli.attention.correction import CORRECTIONS, group_sq_norms, jensen_bias
+from jbkv_cli.attention.correction import (
+    CORRECTIONS,
+    build_augmented,
+    group_sq_norms,
+    jensen_bias,
+)
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor
 
@@ -97,21 +102,10 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
 
 
 def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
-    """Augmented channels, built in one allocation per tensor (no extra concatenation)."""
-    groups, lc, d = cached.k_step.shape[-1], cached.num_tokens, q.shape[-1]
-    qn2 = group_sq_norms(q, groups, cached.rotation).to(q.dtype)
-    q_aug = torch.cat([q, qn2], dim=-1)
-    shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
-    k_aug = k_cur.new_empty(shape)
-    k_aug[..., :lc, :d] = cached.k
-    k_aug[..., lc:, :d] = k_cur
-    k_aug[..., :lc, d:] = (sign * scale / 24.0) * cached.k_step.square()
-    k_aug[..., lc:, d:] = 0
-    v_aug = v_cur.new_empty(shape)
-    v_aug[..., :lc, :d] = cached.v
-    v_aug[..., lc:, :d] = v_cur
-    v_aug[..., d:] = 0
-    return sdpa(q_aug, k_aug, v_aug, scale)[..., :d]
+    qa, ka, va = build_augmented(
+        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
+    )
+    return sdpa(qa, ka, va, scale)[..., : q.shape[-1]]
 
 
 def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
@@ -120,8 +114,7 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     k, v = concat_kv(cached, k_cur, v_cur)
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
-    qn2 = q.float() if cached.rotation is None else cached.rotation.rotate(q.float())
-    qn2 = qn2.unflatten(-1, (groups, -1)).square().sum(-1)  # [B, Hq, Lq, G]
+    qn2 = group_sq_norms(q, groups, cached.rotation)  # [B, Hq, Lq, G]
     d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
     lc = cached.num_tokens
     coef = sign * scale * scale / 24.0

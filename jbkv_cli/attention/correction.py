@@ -33,10 +33,14 @@ def _expand_kv_heads(t: torch.Tensor, q_heads: int) -> torch.Tensor:
     return t.repeat_interleave(q_heads // kv_heads, dim=-3) if q_heads != kv_heads else t
 
 
+def query_basis(q: torch.Tensor, rotation: RandomHadamard | None = None) -> torch.Tensor:
+    """``q`` in the basis the key noise lives in: float32, rotated (``R q``) under a rotation."""
+    return q.float() if rotation is None else rotation.rotate(q.float())
+
+
 def group_sq_norms(q: torch.Tensor, groups: int, rotation: RandomHadamard | None = None):
     """``‖q_j‖²`` per group: ``[..., Lq, D] -> [..., Lq, G]`` (float32, rotated if asked)."""
-    q = q.float() if rotation is None else rotation.rotate(q.float())
-    return q.unflatten(-1, (groups, -1)).square().sum(-1)
+    return query_basis(q, rotation).unflatten(-1, (groups, -1)).square().sum(-1)
 
 
 def taylor_bias(
@@ -79,7 +83,7 @@ def exact_bias(
     codes = _fp8_codes(step)
     if codes is None:
         return exact_bias_direct(q, step, scale, rotation, max_elements)
-    qf = q.float() if rotation is None else rotation.rotate(q.float())
+    qf = query_basis(q, rotation)
     groups = step.shape[-1]
     present = torch.unique(codes)  # the V ≤ 127 step values actually stored
     values = _FP8_VALUES.to(q.device)[present]  # [V]
@@ -127,7 +131,7 @@ def exact_bias_direct(
     Materialises ``[Lq_block, Lk, D]`` per head block, so it is processed in query blocks of at
     most ``max_elements`` elements.
     """
-    qf = q.float() if rotation is None else rotation.rotate(q.float())
+    qf = query_basis(q, rotation)
     groups = step.shape[-1]
     d = _expand_kv_heads(step.float(), q.shape[-3])  # [..., Hq, Lk, G]
     qg = qf.unflatten(-1, (groups, -1))  # [..., Hq, Lq, G, g]
@@ -185,12 +189,43 @@ def augment_taylor(
     first. ``sign=+1`` adds the bias instead (the bias-only ablation). Returns ``(q', k', v')``
     with head dim ``D + G``; slice the attention output back to ``D``.
     """
-    groups = step.shape[-1]
-    qn2 = group_sq_norms(q, groups, rotation).to(q.dtype)
-    extra = (sign * scale / 24.0) * step.float().square()
-    pad = k.shape[-2] - step.shape[-2]
-    extra = torch.nn.functional.pad(extra, (0, 0, 0, pad)).to(k.dtype)
-    q_aug = torch.cat([q, qn2], dim=-1)
-    k_aug = torch.cat([k, extra], dim=-1)
-    v_aug = torch.nn.functional.pad(v, (0, groups))
+    lc = step.shape[-2]
+    return build_augmented(
+        q,
+        k[..., :lc, :],
+        v[..., :lc, :],
+        k[..., lc:, :],
+        v[..., lc:, :],
+        step,
+        scale,
+        rotation,
+        sign,
+    )
+
+
+def build_augmented(
+    q: torch.Tensor,
+    k_cached: torch.Tensor,
+    v_cached: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rotation: RandomHadamard | None = None,
+    sign: float = -1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`augment_taylor` from the cached and current parts, one allocation per tensor
+    (the ``[cached | current]`` concatenation and the extra channels are written together)."""
+    groups, lc, d = step.shape[-1], step.shape[-2], q.shape[-1]
+    q_aug = torch.cat([q, group_sq_norms(q, groups, rotation).to(q.dtype)], dim=-1)
+    shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
+    k_aug = k_cur.new_empty(shape)
+    k_aug[..., :lc, :d] = k_cached
+    k_aug[..., lc:, :d] = k_cur
+    k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+    k_aug[..., lc:, d:] = 0
+    v_aug = v_cur.new_empty(shape)
+    v_aug[..., :lc, :d] = v_cached
+    v_aug[..., lc:, :d] = v_cur
+    v_aug[..., d:] = 0
     return q_aug, k_aug, v_aug

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from jbkv_cli.attention.attend import CachedKV
-from jbkv_cli.attention.correction import _expand_kv_heads, group_sq_norms, jensen_bias
+from jbkv_cli.attention.correction import _expand_kv_heads, jensen_bias, taylor_bias
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -62,9 +62,7 @@ def score_noise(
 ) -> dict[str, float]:
     """Measured cached-score error vs the uniform-noise model (see module docstring)."""
     delta = _scores(q, k_hat.float() - k.float(), scale)  # [B, Hq, Lq, Lc]
-    qn2 = group_sq_norms(q, step.shape[-1], rotation)
-    d2 = _expand_kv_heads(step.float().square(), q.shape[-3])
-    var = (scale * scale / 12.0) * (qn2 @ d2.transpose(-1, -2))
+    var = 2.0 * taylor_bias(q, step, scale, rotation)  # (τ²/12) Σ_j Δ_ij² ‖q_j‖²
     ok = var > 0
     n = int(ok.sum())
     z = torch.where(ok, delta * var.clamp_min(1e-30).rsqrt(), 0.0)

@@ -26,7 +26,7 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.experiment import build_matrix, generate_all, score_fidelity
+from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, score_fidelity
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, load_model
 from jbkv_cli.quant.spec import CORRECTIONS, FULL_PRECISION, QUANTIZER_NAMES, KVSpec
@@ -42,8 +42,6 @@ from jbkv_cli.report import (
     to_markdown,
 )
 from jbkv_cli.runs import RunDir
-
-ABLATIONS = ("keys-only", "values-only", "bias-only")
 
 
 def _check_model(name: str) -> None:
@@ -144,11 +142,7 @@ def generate(
         if bits == 16:
             spec = FULL_PRECISION
         else:
-            kw = {
-                "keys-only": {"values": False},
-                "values-only": {"keys": False},
-                "bias-only": {"bias_only": True},
-            }.get(ablation or "", {})
+            kw = ABLATIONS.get(ablation or "", {})
             spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
     except ValueError as exc:
         raise JbkvError(str(exc)) from exc
@@ -211,7 +205,7 @@ def quantize_eval(
     groups = parse_list(group_sizes, tuple(range(1, 4097)), "group-sizes", int)
     quant_list = parse_list(quantizers, QUANTIZER_NAMES[1:], "quantizers")
     corr_list = parse_list(corrections, CORRECTIONS, "corrections")
-    abl_list = parse_list(ablations, ABLATIONS, "ablations") if ablations.strip() else []
+    abl_list = parse_list(ablations, tuple(ABLATIONS), "ablations") if ablations.strip() else []
     seed_list = parse_seeds(seeds)
     specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list)
     for name in models or [DEFAULT_MODEL]:

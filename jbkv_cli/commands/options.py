@@ -8,11 +8,9 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")]
 PromptsOpt = Annotated[
     str | None,
     typer.Option(
@@ -169,7 +167,3 @@ def _coerce(value: str) -> Any:
         except ValueError:
             pass
     return {"true": True, "false": False}.get(value.lower(), value)
-
-
-def default_model() -> str:
-    return DEFAULT_MODEL
