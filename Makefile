@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/attention.py
 	$(BIN)/python benchmarks/fidelity.py
 	$(BIN)/python benchmarks/tiny_generate.py
+	$(BIN)/python benchmarks/tiny_quality.py
 
 tiny-weights: $(STAMP)
 	$(BIN)/python -m jbkv_cli.models.tiny.train --out jbkv_cli/models/tiny/weights/tiny.safetensors --seed 0

@@ -4,9 +4,11 @@ A video shows one anti-aliased shape of one colour moving on a plain background:
 
     "a red circle moves right on a dark background"
 
-The prompt names colour, shape, direction and background; the *speed* and size (and a small
-jitter of the start position) are random per video and must be inferred from earlier frames. The shape bounces off the walls
-(mirror reflection of its unfolded path), so continuing a video needs memory of earlier chunks.
+The prompt names colour, shape, direction and background; the size, the start position (a
+small jitter) and the speed (about 1 px/frame, +-10%) are random per video. The shape bounces
+off the walls (mirror reflection of its unfolded path): over the default 32 frames it crosses
+the frame, bounces off the far wall and comes back, so continuing a video needs memory of
+earlier chunks (where the shape is, which way it is going now, how big it is).
 Pixels are in [0, 1]; the model works on ``2 * pixel - 1``.
 """
 
@@ -104,7 +106,7 @@ class DataConfig:
     num_frames: int = 20
     radius: tuple[float, float] = (5.5, 7.0)
     start_jitter: float = 2.0  # pixels
-    speed: tuple[float, float] = (0.6, 1.6)  # pixels per frame
+    speed: tuple[float, float] = (0.9, 1.1)  # pixels per frame
     jitter: float = 0.04  # uniform jitter of colour and background brightness
 
 

@@ -1,6 +1,6 @@
 """Train the tiny model from a seed on the CPU.
 
-    python -m jbkv_cli.models.tiny.train --out PATH --seed 0 [--steps N] [--minutes M]
+    python -m jbkv_cli.models.tiny.train --out PATH --seed 0 [--stages 1,2] [--init WEIGHTS]
 
 Each step renders a batch of fresh procedural clips of ``window + 2`` chunks and trains every
 chunk at once with one block-causal forward over a clean copy and a noisy copy of the clip
@@ -8,8 +8,15 @@ chunk at once with one block-causal forward over a clean copy and a noisy copy o
 context noise ``t_c ~ U(0, ctx_max)`` for the clean copy (teacher forcing with noise augmentation,
 so that generation can read its own, imperfect chunks from the cache); loss ``||x0_hat - x0||^2``.
 AdamW, linear warm-up then cosine decay, gradient clipping, an EMA of the weights (saved).
-Training is deterministic given the seed and the step count (single process, fixed threads);
-``--minutes`` only caps the wall time (then fewer steps run, and the log says so).
+
+Clips are cut at a random chunk offset of a longer rendered video, so training covers the whole
+default video (the start, the bounce off the far wall, the way back) and not only its first
+chunks; half the noise levels sit on the sampler's grid ``1, 3/4, 1/2, 1/4``, where generation
+evaluates the model. The shipped weights come from the two stages of :data:`RECIPE` (the second
+a short fine-tune that trains the first chunk, made from the prompt alone, more often).
+Training is deterministic given the seed (single process, fixed threads); ``--init`` starts
+from existing weights (``--stages 2 --init stage1.safetensors`` resumes after stage 1);
+``--minutes`` only caps the wall time per stage (then fewer steps run, and the log says so).
 """
 
 from __future__ import annotations
@@ -20,22 +27,21 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from jbkv_cli.models.tiny.data import VOCAB, DataConfig, random_prompts, render
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT, patchify
-from jbkv_cli.models.tiny.weights_io import save_weights
+from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
 
 
 @dataclass
 class TrainConfig:
     """Optimisation settings."""
 
-    steps: int = 1900
+    steps: int = 4400
     batch_size: int = 4
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
@@ -46,6 +52,10 @@ class TrainConfig:
     ctx_noise_max: float = 0.2
     extra_chunks: int = 2  # clip length = window + extra_chunks chunks
     threads: int = 2
+    max_offset: int = 4  # clips start at a random chunk 0..max_offset of the rendered video
+    grid_prob: float = 0.5  # share of noise levels drawn from the sampler's grid 1, 1-1/S, ..
+    grid_steps: int = 4  # S
+    start_prob: float = 0.0  # extra share of clips that start with the video (offset 0)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -57,20 +67,48 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def make_batch(cfg: TinyConfig, tc: TrainConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Render a batch and noise it: x0, clean copy, noisy copy and their noise levels."""
-    n = cfg.window + tc.extra_chunks
-    prompts = random_prompts(tc.batch_size, gen)
-    data = DataConfig(image_size=cfg.image_size, num_frames=n * cfg.frames_per_chunk)
+    """Render a batch and noise it: x0, clean copy, noisy copy, their noise levels, and the
+    per-chunk loss weights.
+
+    With ``max_offset > 0`` each clip of ``n = window + extra_chunks`` chunks is cut from a
+    random chunk offset ``o`` of a longer video, so training sees the whole video (bounces, the
+    way back) and not only its start. A clip cut at ``o > 0`` has no context for its first chunk,
+    which is then ambiguous: its loss weight is 0 (it still serves as context for the others).
+    With ``grid_prob > 0`` that share of the noise levels is drawn from the sampler's grid.
+    """
+    b, n, lc = tc.batch_size, cfg.window + tc.extra_chunks, cfg.chunk_len
+    prompts = random_prompts(b, gen)
+    total = n + tc.max_offset
+    data = DataConfig(image_size=cfg.image_size, num_frames=total * cfg.frames_per_chunk)
     video = render(prompts, data, gen) * 2 - 1
-    x0 = patchify(video, cfg.patch_size).reshape(tc.batch_size, n, cfg.chunk_len, cfg.patch_dim)
-    t = torch.rand(tc.batch_size, n, generator=gen)
-    t_ctx = tc.ctx_noise_max * torch.rand(tc.batch_size, n, generator=gen)
+    x0 = patchify(video, cfg.patch_size).reshape(b, total, lc, cfg.patch_dim)
+    weight = torch.ones(b, n)
+    if tc.max_offset:
+        offset = torch.randint(tc.max_offset + 1, (b,), generator=gen)
+        if tc.start_prob:
+            offset = torch.where(torch.rand(b, generator=gen) < tc.start_prob, 0, offset)
+        index = offset[:, None] + torch.arange(n)
+        x0 = x0.gather(1, index[..., None, None].expand(b, n, lc, cfg.patch_dim))
+        weight[:, 0] = (offset == 0).float()
+    t = torch.rand(b, n, generator=gen)
+    if tc.grid_prob:
+        grid = 1.0 - torch.randint(tc.grid_steps, (b, n), generator=gen) / tc.grid_steps
+        t = torch.where(torch.rand(b, n, generator=gen) < tc.grid_prob, grid, t)
+    t_ctx = tc.ctx_noise_max * torch.rand(b, n, generator=gen)
     eps = torch.randn(x0.shape, generator=gen)
     eps_ctx = torch.randn(x0.shape, generator=gen)
     noisy = (1 - t[..., None, None]) * x0 + t[..., None, None] * eps
     clean = (1 - t_ctx[..., None, None]) * x0 + t_ctx[..., None, None] * eps_ctx
     words = torch.tensor([p.token_ids for p in prompts])
-    return {"x0": x0, "clean": clean, "noisy": noisy, "t": t, "t_ctx": t_ctx, "words": words}
+    return {
+        "x0": x0,
+        "clean": clean,
+        "noisy": noisy,
+        "t": t,
+        "t_ctx": t_ctx,
+        "words": words,
+        "weight": weight,
+    }
 
 
 def train(
@@ -82,12 +120,16 @@ def train(
     log_file: Path | None = None,
     checkpoint: Callable[[TinyDiT, int], None] | None = None,
     checkpoint_every: int = 50,
+    init: TinyDiT | None = None,
 ) -> tuple[TinyDiT, dict]:
-    """Train from scratch; returns the EMA model and a JSON-able log."""
+    """Train from scratch, or from ``init``'s weights; returns the EMA model and a JSON-able log."""
     torch.set_num_threads(tc.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(seed)
     model = TinyDiT(cfg)
+    if init is not None:
+        model.load_state_dict(init.state_dict())
+        model.requires_grad_(True).train()
     ema = copy.deepcopy(model).requires_grad_(False)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -115,7 +157,8 @@ def train(
         pred = model.forward_train(
             b["clean"][:, :-1], b["noisy"], b["t_ctx"][:, :-1], b["t"], b["words"]
         )
-        loss = F.mse_loss(pred, b["x0"])
+        per_chunk = (pred - b["x0"]).square().mean((2, 3))
+        loss = (per_chunk * b["weight"]).sum() / b["weight"].sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -161,20 +204,73 @@ def train(
     return ema.eval(), log
 
 
+RECIPE: tuple[TrainConfig, ...] = (
+    TrainConfig(),
+    TrainConfig(steps=600, lr=3e-4, warmup=20, start_prob=0.5),
+)
+"""The shipped weights' training. Stage 1: clips cut anywhere in the first 8 chunks. Stage 2: a
+short fine-tune at a lower learning rate with half the clips starting with the video, since
+the first chunk (made from the prompt alone) is trained only in clips cut at offset 0. Stage
+``k`` starts from stage ``k-1``'s EMA weights and seeds its data with ``seed + 100 (k - 1)``."""
+
+
+def run_recipe(
+    cfg: TinyConfig,
+    seed: int,
+    stages: list[int],
+    init: TinyDiT | None = None,
+    threads: int = 2,
+    minutes: float | None = None,
+    log_file: Path | None = None,
+    checkpoint: Callable[[TinyDiT, int], None] | None = None,
+) -> tuple[TinyDiT, dict]:
+    """Run the given stages of :data:`RECIPE` (1-based) in order; returns the model and a log."""
+    model, logs = init, []
+    for k in stages:
+        tc = replace(RECIPE[k - 1], threads=threads)
+        print(f"stage {k}: {json.dumps(asdict(tc))}", flush=True)
+        model, log = train(
+            cfg,
+            tc,
+            seed + 100 * (k - 1),
+            minutes,
+            log_file=log_file,
+            checkpoint=checkpoint,
+            init=model,
+        )
+        logs.append({"stage": k, **log})
+    assert model is not None
+    last = logs[-1]
+    summary = {
+        "seed": seed,
+        "stages": stages,
+        "steps": sum(log["steps"] for log in logs),
+        "final_loss": last["final_loss"],
+        "wall_seconds": round(sum(log["wall_seconds"] for log in logs), 1),
+        **{k: last[k] for k in ("threads", "torch", "params", "model_config", "vocab")},
+        "stage_logs": logs,
+    }
+    return model, summary
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="output .safetensors path")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--minutes", type=float, default=None, help="wall-time cap")
-    ap.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
-    ap.add_argument("--threads", type=int, default=TrainConfig.threads)
-    ap.add_argument("--width", type=int, default=TinyConfig.width)
-    ap.add_argument("--depth", type=int, default=TinyConfig.depth)
-    ap.add_argument("--lr", type=float, default=TrainConfig.lr)
+    ap.add_argument("--stages", default="1,2", help="stages of the recipe to run (default: all)")
+    ap.add_argument("--init", type=Path, default=None, help="start from these weights")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--minutes", type=float, default=None, help="wall-time cap per stage")
     args = ap.parse_args(argv)
-    cfg = TinyConfig(width=args.width, depth=args.depth)
-    tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, threads=args.threads, lr=args.lr)
+    try:
+        stages = [int(s) for s in args.stages.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or any(not 1 <= s <= len(RECIPE) for s in stages):
+        ap.error(f"--stages takes a comma list of numbers in 1..{len(RECIPE)}")
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    init = load_weights(args.init) if args.init is not None else None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out.with_suffix(".ckpt.safetensors")
 
@@ -183,8 +279,14 @@ def main(argv: list[str] | None = None) -> None:
 
     log_file = args.out.with_suffix(".log.jsonl")
     log_file.unlink(missing_ok=True)
-    model, log = train(cfg, tc, args.seed, args.minutes, log_file=log_file, checkpoint=checkpoint)
+    cfg = init.cfg if init is not None else TinyConfig()
+    model, log = run_recipe(
+        cfg, args.seed, stages, init, args.threads, args.minutes, log_file, checkpoint
+    )
+    if args.init is not None:
+        log["init"] = str(args.init)
     save_weights(model, args.out, log)
+    ckpt_path.unlink(missing_ok=True)
     print(f"wrote {args.out} (final loss {log['final_loss']:.4f}, {log['wall_seconds']} s)")
 
 

@@ -3,6 +3,8 @@ Jensen-bias floors in small, and a training smoke run. Offline, CPU, fixed seeds
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,11 +13,13 @@ from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import load_model as registry_load
 from jbkv_cli.models.tiny import load_model
-from jbkv_cli.models.tiny.data import BACKGROUNDS, COLOURS, MOTIONS
+from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.model import TinyConfig
 from jbkv_cli.models.tiny.train import TrainConfig, train
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
 from jbkv_cli.quant.spec import KVSpec
+
+DEMO_PROMPTS = Path(__file__).resolve().parents[3] / "prompts" / "tiny.txt"
 
 
 @pytest.fixture(scope="module")
@@ -27,18 +31,6 @@ def model():
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     mse = (a.float() - b.float()).square().mean(dim=(1, 2, 3)).clamp_min(1e-6)
     return float((10 * torch.log10(255.0**2 / mse)).mean())
-
-
-def foreground(frames: torch.Tensor, background: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean colour of the non-background pixels and their centroid (x, y) per frame."""
-    x = frames.float() / 255
-    bg = BACKGROUNDS[background]
-    mask = ((x - bg).abs().amax(-1) > 0.25).float()  # [T, H, W]
-    ys, xs = torch.meshgrid(torch.arange(32.0), torch.arange(32.0), indexing="ij")
-    area = mask.sum((1, 2)).clamp_min(1)
-    centroid = torch.stack(((mask * xs).sum((1, 2)) / area, (mask * ys).sum((1, 2)) / area), -1)
-    colour = (x * mask[..., None]).sum((0, 1, 2)) / mask.sum().clamp_min(1)
-    return colour, centroid
 
 
 def test_shipped_weights_load_offline(model) -> None:
@@ -63,32 +55,17 @@ def test_same_seed_same_video_other_seed_other_video() -> None:
     assert not torch.equal(a, c)
 
 
-@pytest.mark.parametrize(
-    "prompt",
-    [
-        "a red circle moves right on a dark background",
-        "a blue square moves left on a light background",
-        "a yellow triangle moves down on a gray background",
-        "a green circle moves up on a dark background",
-    ],
-)
-def test_video_follows_its_prompt(model, prompt: str) -> None:
-    words = prompt.split()
-    colour_name, motion, background = words[1], words[4], words[7]
-    video = model.generate(prompt, 0, KVSpec())
-    assert video.frames.shape[0] == 32
-    colour, centroid = foreground(video.frames, background)
-    nearest = min(COLOURS, key=lambda c: float((torch.tensor(COLOURS[c]) - colour).norm()))
-    assert nearest == colour_name
-    # the shape starts on the far side of its motion, so it moves as named over the first frames
-    dx, dy = (centroid[7] - centroid[0]).tolist()
-    ux, uy = MOTIONS[motion]
-    assert dx * ux + dy * uy > 2.0, (dx, dy)
-    # ... and stays a shape through the first half of the video (known limitation of the shipped
-    # weights: in some videos the shape fades after its bounce off the far wall)
-    x = video.frames[:16].float() / 255
-    mask_area = ((x - BACKGROUNDS[background]).abs().amax(-1) > 0.25).float().sum((1, 2))
-    assert mask_area.min() > 15, mask_area
+def test_videos_follow_their_prompts_for_the_whole_video(model) -> None:
+    """The demo's 10 prompts at seed 0, checked over all 32 frames (see ``check_video``).
+
+    Measured on the shipped weights: colour right in 8/10, the shape kept in every frame in
+    8/10, everything (also motion in every chunk) in 3/10 (the first weights: 5/10 and 0/10).
+    The bounds guard against regressions; they are not the goal (issue 3 stays open)."""
+    prompts = [p for p in DEMO_PROMPTS.read_text().splitlines() if p.strip()]
+    checks = {p: check_video(model.generate(p, 0, KVSpec()).frames, p) for p in prompts}
+    assert sum(c.colour_ok for c in checks.values()) >= 8, checks
+    assert sum(c.shape_ok for c in checks.values()) >= 7, checks
+    assert sum(c.ok for c in checks.values()) >= 3, checks
 
 
 def test_int4_beats_int2_and_taylor_shrinks_the_attention_shift(model) -> None:

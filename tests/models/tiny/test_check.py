@@ -1,0 +1,68 @@
+"""The prompt checker on rendered ground truth (every prompt passes) and on broken videos
+(each failure mode is caught by its own check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.models.tiny.check import check_video
+from jbkv_cli.models.tiny.data import BACKGROUNDS, DataConfig, all_prompts, render
+
+
+def frames_of(video: torch.Tensor) -> torch.Tensor:
+    """``[T, 3, H, W]`` in [0, 1] -> ``[T, H, W, 3]`` uint8."""
+    return (video * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> tuple[list, torch.Tensor]:
+    prompts = all_prompts()
+    video = render(prompts, DataConfig(num_frames=32), torch.Generator().manual_seed(0))
+    return prompts, video
+
+
+def test_every_rendered_video_follows_its_prompt(rendered) -> None:
+    prompts, video = rendered
+    for prompt, v in zip(prompts, video, strict=True):
+        check = check_video(frames_of(v), prompt.text)
+        assert check.ok, (prompt.text, check)
+        assert check.max_drift < 0.5 and 0.75 < check.min_area_ratio <= check.max_area_ratio < 1.25
+
+
+def test_each_failure_is_caught(rendered) -> None:
+    prompts, video = rendered
+    i = next(
+        k
+        for k, p in enumerate(prompts)
+        if p.text == "a red circle moves right on a dark background"
+    )
+    good = video[i]
+    bg = BACKGROUNDS["dark"]
+    text = prompts[i].text
+
+    faded = good.clone()
+    faded[20:] = bg  # the shape disappears after frame 20
+    assert not check_video(frames_of(faded), text).shape_ok
+
+    frozen = good.clone()
+    frozen[12:] = good[12]  # the shape stops
+    check = check_video(frames_of(frozen), text)
+    assert check.shape_ok and not check.moving_ok
+
+    wrong_way = good.flip(-1)  # mirrored: moves left
+    assert not check_video(frames_of(wrong_way), text).starts_ok
+
+    other_colour = check_video(frames_of(good), text.replace("red", "blue"))
+    assert other_colour.colour == "red" and not other_colour.colour_ok
+
+    # drifting across the motion axis
+    drifting = torch.stack([f.roll(shifts=k // 4, dims=1) for k, f in enumerate(good)])
+    assert not check_video(frames_of(drifting), text).moving_ok
+
+
+def test_a_prompt_outside_the_grammar_is_an_error() -> None:
+    video = torch.zeros(8, 32, 32, 3, dtype=torch.uint8)
+    with pytest.raises(JbkvError, match="tiny model"):
+        check_video(video, "a cat playing piano")

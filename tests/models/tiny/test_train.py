@@ -1,0 +1,88 @@
+"""The training recipe in small: clips cut mid-video, noise levels on the sampler's grid,
+determinism, argument errors and a short smoke run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from jbkv_cli.models.tiny import train as train_mod
+from jbkv_cli.models.tiny.data import DataConfig, random_prompts, render
+from jbkv_cli.models.tiny.model import TinyConfig, patchify
+from jbkv_cli.models.tiny.train import TrainConfig, make_batch, run_recipe, train
+from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
+
+CFG = TinyConfig(depth=1, window=1, frames_per_chunk=1)
+SMALL = TrainConfig(steps=3, batch_size=2, warmup=1, extra_chunks=1, threads=1, max_offset=3)
+
+
+def test_clips_cut_mid_video_are_slices_of_the_whole_video() -> None:
+    tc = replace(SMALL, batch_size=6)
+    n = CFG.window + tc.extra_chunks
+    batch = make_batch(CFG, tc, torch.Generator().manual_seed(3))
+    # the same generator state renders the same full videos
+    gen = torch.Generator().manual_seed(3)
+    prompts = random_prompts(tc.batch_size, gen)
+    data = DataConfig(num_frames=(n + tc.max_offset) * CFG.frames_per_chunk)
+    full = patchify(render(prompts, data, gen) * 2 - 1, CFG.patch_size)
+    full = full.reshape(tc.batch_size, n + tc.max_offset, CFG.chunk_len, CFG.patch_dim)
+    offsets = []
+    for k in range(tc.batch_size):
+        match = [
+            o for o in range(tc.max_offset + 1) if torch.equal(full[k, o : o + n], batch["x0"][k])
+        ]
+        assert len(match) == 1
+        offsets.append(match[0])
+        assert batch["weight"][k, 0] == float(match[0] == 0) and (batch["weight"][k, 1:] == 1).all()
+    assert len(set(offsets)) > 1  # not all from the start
+    grid = {1.0, 0.75, 0.5, 0.25}
+    on_grid = sum(float(t) in grid for t in batch["t"].flatten())
+    assert 0 < on_grid < batch["t"].numel()
+
+
+def test_training_is_deterministic_given_the_seed() -> None:
+    a, log_a = train(CFG, SMALL, seed=0)
+    b, log_b = train(CFG, SMALL, seed=0)
+    c, _ = train(CFG, SMALL, seed=1)
+    for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+    assert [h["loss"] for h in log_a["history"]] == [h["loss"] for h in log_b["history"]]
+    assert not torch.equal(next(iter(a.parameters())), next(iter(c.parameters())))
+
+
+def test_stages_resume_exactly_from_saved_weights(tmp_path, monkeypatch) -> None:
+    stage2 = replace(SMALL, lr=1e-3, start_prob=0.5)
+    monkeypatch.setattr(train_mod, "RECIPE", (SMALL, stage2))
+    both, log = run_recipe(CFG, seed=0, stages=[1, 2], threads=1)
+    assert log["steps"] == 6 and [s["stage"] for s in log["stage_logs"]] == [1, 2]
+    first, _ = run_recipe(CFG, seed=0, stages=[1], threads=1)
+    save_weights(first, tmp_path / "stage1.safetensors", {})
+    init = load_weights(tmp_path / "stage1.safetensors")
+    resumed, _ = run_recipe(CFG, seed=0, stages=[2], init=init, threads=1)
+    for a, b in zip(both.state_dict().values(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_start_prob_makes_more_clips_start_with_the_video() -> None:
+    tc = replace(SMALL, batch_size=400, max_offset=4)
+    starts = make_batch(CFG, tc, torch.Generator().manual_seed(0))["weight"][:, 0].mean()
+    more = make_batch(CFG, replace(tc, start_prob=0.5), torch.Generator().manual_seed(0))
+    # P(offset 0) = 1/5 uniform, 1/2 + 1/2 * 1/5 = 0.6 with start_prob 0.5; 400 clips: SE < 0.025
+    assert (
+        abs(float(starts) - 0.2) < 0.075 and abs(float(more["weight"][:, 0].mean()) - 0.6) < 0.075
+    )
+
+
+def test_cli_rejects_bad_arguments(tmp_path) -> None:
+    for bad in (["--stages", "3"], ["--stages", "x"], ["--threads", "0"]):
+        with pytest.raises(SystemExit):
+            train_mod.main(["--out", str(tmp_path / "w.safetensors"), *bad])
+    assert not (tmp_path / "w.safetensors").exists()
+
+
+def test_smoke_run_and_log() -> None:
+    _, log = train(CFG, SMALL, seed=0, log_every=1)
+    assert log["steps"] == 3 and len(log["history"]) == 3
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in log["history"])
