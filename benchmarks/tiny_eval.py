@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.attention import record_attention
+from jbkv_cli.commands.options import read_prompts
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
 from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.models.tiny import load_model
@@ -55,7 +56,7 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=Path, default=ROOT / "prompts" / "tiny.txt")
+    ap.add_argument("--prompts", default="tiny", help="prompt file or named set")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--weights", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
@@ -70,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(weights=args.weights)
-    prompts = [p.strip() for p in args.prompts.read_text().splitlines() if p.strip()]
+    prompts = read_prompts(args.prompts, None, "tiny")
     specs = {k: v for k, v in variants().items() if args.only is None or args.only in k}
     exact_seeds = args.seeds if args.exact_seeds is None else args.exact_seeds
     rows: dict[str, dict[str, list]] = {k: {"psnr": [], "dps": [], "keys": []} for k in specs}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from jbkv_cli.commands.options import read_prompts
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.data import all_prompts
@@ -29,7 +30,7 @@ CHECKS = ("colour_ok", "starts_ok", "shape_ok", "moving_ok", "ok")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", type=Path, default=None)
-    ap.add_argument("--prompts", default=str(ROOT / "prompts" / "tiny.txt"), help="file or 'all'")
+    ap.add_argument("--prompts", default="tiny", help="prompt file, named set, or 'all'")
     ap.add_argument("--seeds", default="0,1,2,3")
     ap.add_argument("--num-chunks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
@@ -46,7 +47,7 @@ def main() -> None:
     if args.prompts == "all":
         prompts = [p.text for p in all_prompts()]
     else:
-        prompts = [p.strip() for p in Path(args.prompts).read_text().splitlines() if p.strip()]
+        prompts = read_prompts(args.prompts, None, "tiny")
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for prompt in prompts:

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from jbkv_cli.commands.options import read_prompts
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.quant.spec import KVSpec
 
@@ -27,7 +28,7 @@ VARIANTS = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", type=Path, default=None)
-    ap.add_argument("--prompts", type=Path, default=ROOT / "prompts" / "tiny.txt")
+    ap.add_argument("--prompts", default="tiny", help="prompt file or named set")
     ap.add_argument("--count", type=int, default=4, help="number of prompts")
     ap.add_argument("--num-chunks", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
@@ -39,7 +40,7 @@ def main() -> None:
     torch.set_num_threads(2)
     model = load_model(weights=args.weights, num_chunks=args.num_chunks)
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
-    prompts = [p.strip() for p in args.prompts.read_text().splitlines() if p.strip()]
+    prompts = read_prompts(args.prompts, None, "tiny")
     rows = []
     for prompt in prompts[: args.count]:
         for name in names:

@@ -3,12 +3,11 @@ Jensen-bias floors in small, and a training smoke run. Offline, CPU, fixed seeds
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from jbkv_cli.attention import record_attention
+from jbkv_cli.commands.options import read_prompts
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import load_model as registry_load
@@ -18,8 +17,6 @@ from jbkv_cli.models.tiny.model import TinyConfig
 from jbkv_cli.models.tiny.train import TrainConfig, train
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
 from jbkv_cli.quant.spec import KVSpec
-
-DEMO_PROMPTS = Path(__file__).resolve().parents[3] / "prompts" / "tiny.txt"
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def test_videos_follow_their_prompts_for_the_whole_video(model) -> None:
     Measured on the shipped weights: colour right in 8/10, the shape kept in every frame in
     8/10, everything (also motion in every chunk) in 3/10 (the first weights: 5/10 and 0/10).
     The bounds guard against regressions; they are not the goal (issue 3 stays open)."""
-    prompts = [p for p in DEMO_PROMPTS.read_text().splitlines() if p.strip()]
+    prompts = read_prompts("tiny", None, "tiny")
     checks = {p: check_video(model.generate(p, 0, KVSpec()).frames, p) for p in prompts}
     assert sum(c.colour_ok for c in checks.values()) >= 8, checks
     assert sum(c.shape_ok for c in checks.values()) >= 7, checks
