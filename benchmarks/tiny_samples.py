@@ -29,7 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", type=Path, default=None)
     ap.add_argument("--prompts", default="tiny", help="prompt file or named set")
-    ap.add_argument("--count", type=int, default=4, help="number of prompts")
+    ap.add_argument("--count", type=int, default=10, help="number of prompts")
     ap.add_argument("--num-chunks", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default="full precision", help="comma list, or 'all'")

@@ -10,8 +10,8 @@ prompt* when
 - it stays a shape for the whole video: every frame's area is within ``[1/2, 2]`` of the
   median area of the first chunk;
 - it keeps moving for the whole video: in every chunk, the centroid's path length along the
-  motion axis is at least ``min_path`` pixels (the slowest training speed, 0.9 px/frame, gives
-  2.7 px over the 3 frame steps of a 4-frame chunk; a bounce does not shorten the path, the
+  motion axis is at least ``min_path`` pixels (the slowest training speed, 0.97 px/frame, gives
+  2.9 px over the 3 frame steps of a 4-frame chunk; a bounce does not shorten the path, the
   pixel grid does a little), and it stays on its axis (the centroid's range across the motion
   axis is at most ``max_drift`` pixels).
 """

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.tiny.data import VOCAB, DataConfig, random_prompts, render
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT, patchify
 from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
@@ -41,7 +42,7 @@ from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
 class TrainConfig:
     """Optimisation settings."""
 
-    steps: int = 4400
+    steps: int = 5200
     batch_size: int = 4
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
@@ -55,7 +56,7 @@ class TrainConfig:
     max_offset: int = 4  # clips start at a random chunk 0..max_offset of the rendered video
     grid_prob: float = 0.5  # share of noise levels drawn from the sampler's grid 1, 1-1/S, ..
     grid_steps: int = 4  # S
-    start_prob: float = 0.0  # extra share of clips that start with the video (offset 0)
+    start_prob: float = 0.25  # extra share of clips that start with the video (offset 0)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -208,9 +209,10 @@ RECIPE: tuple[TrainConfig, ...] = (
     TrainConfig(),
     TrainConfig(steps=600, lr=3e-4, warmup=20, start_prob=0.5),
 )
-"""The shipped weights' training. Stage 1: clips cut anywhere in the first 8 chunks. Stage 2: a
-short fine-tune at a lower learning rate with half the clips starting with the video, since
-the first chunk (made from the prompt alone) is trained only in clips cut at offset 0. Stage
+"""The shipped weights' training. Stage 1: clips cut anywhere in the first 8 chunks, a quarter of
+them forced to start with the video, since the first chunk (made from the prompt alone) is
+trained only in clips cut at offset 0. Stage 2: a short fine-tune at a lower learning rate
+with half the clips starting with the video. Stage
 ``k`` starts from stage ``k-1``'s EMA weights and seeds its data with ``seed + 100 (k - 1)``."""
 
 
@@ -270,7 +272,10 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--stages takes a comma list of numbers in 1..{len(RECIPE)}")
     if args.threads < 1:
         ap.error("--threads must be >= 1")
-    init = load_weights(args.init) if args.init is not None else None
+    try:
+        init = load_weights(args.init) if args.init is not None else None
+    except JbkvError as e:
+        ap.error(str(e))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     ckpt_path = args.out.with_suffix(".ckpt.safetensors")
 

@@ -66,7 +66,7 @@ def test_stages_resume_exactly_from_saved_weights(tmp_path, monkeypatch) -> None
 
 
 def test_start_prob_makes_more_clips_start_with_the_video() -> None:
-    tc = replace(SMALL, batch_size=400, max_offset=4)
+    tc = replace(SMALL, batch_size=400, max_offset=4, start_prob=0.0)
     starts = make_batch(CFG, tc, torch.Generator().manual_seed(0))["weight"][:, 0].mean()
     more = make_batch(CFG, replace(tc, start_prob=0.5), torch.Generator().manual_seed(0))
     # P(offset 0) = 1/5 uniform, 1/2 + 1/2 * 1/5 = 0.6 with start_prob 0.5; 400 clips: SE < 0.025
@@ -76,7 +76,8 @@ def test_start_prob_makes_more_clips_start_with_the_video() -> None:
 
 
 def test_cli_rejects_bad_arguments(tmp_path) -> None:
-    for bad in (["--stages", "3"], ["--stages", "x"], ["--threads", "0"]):
+    missing = str(tmp_path / "missing.safetensors")
+    for bad in (["--stages", "3"], ["--stages", "x"], ["--threads", "0"], ["--init", missing]):
         with pytest.raises(SystemExit):
             train_mod.main(["--out", str(tmp_path / "w.safetensors"), *bad])
     assert not (tmp_path / "w.safetensors").exists()
