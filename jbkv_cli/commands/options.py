@@ -8,8 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.errors import JbkvError
-
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
+from jbkv_cli.resources import PROMPTS_DIR
 
 PromptsOpt = Annotated[
     str | None,

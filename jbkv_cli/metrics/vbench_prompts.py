@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_scores import DIMENSIONS
+from jbkv_cli.resources import PROMPTS_DIR
 
-PROMPTS_DIR = Path(__file__).resolve().parents[2] / "prompts"
 SUBSETS: dict[str, str] = {
     "vbench-long-30": "vbench_long_30.json",
     "vbench-smoke": "vbench_smoke.json",

@@ -1,7 +1,26 @@
+import re
+from pathlib import Path
+
 import pytest
 
+import jbkv_cli
 from jbkv_cli.commands.options import parse_seeds, read_prompt_items, read_prompts
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.resources import PROMPTS_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_prompt_sets_ship_inside_the_package():
+    """Named sets live in the package (so an installed wheel has them, not only a checkout);
+    the repository's prompts/ is the same folder, and package-data covers every file in it."""
+    assert PROMPTS_DIR.parent == Path(jbkv_cli.__file__).resolve().parent
+    assert (REPO / "prompts").resolve() == PROMPTS_DIR
+    line = re.search(r'^"jbkv_cli" = \[(.*)\]$', (REPO / "pyproject.toml").read_text(), re.M)
+    globs = re.findall(r'"([^"]+)"', line.group(1))
+    for f in PROMPTS_DIR.iterdir():
+        assert any(f.match(g.removeprefix("**/")) for g in globs), f
+    assert len(read_prompts(None, None, "tiny")) >= 8
 
 
 def test_vbench_sets_use_vbench_sample_counts():
