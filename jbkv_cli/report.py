@@ -109,6 +109,8 @@ def build_rows(run: RunDir) -> list[dict[str, Any]]:
                         if d.get("noise_predicted_var")
                     ]
                 ),
+                # mean of δ/σ over cached scores: 0 if the rounding noise is zero-mean
+                "noise_z_mean": _agg([d.get("noise_z_mean") for d in diag]),
                 "kv_cache_bytes": None if kv is None else round(kv["mean"]),
                 "seconds": _agg([r["seconds"] for r in records]),
                 "videos": len(records),

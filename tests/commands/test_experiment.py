@@ -229,11 +229,13 @@ def test_quantize_eval_json_schema_and_table(evaluated):
         "ssim",
         "lpips",
         "delta_ps",
+        "noise_z_mean",
         "kv_cache_bytes",
         "seconds",
     ):
         assert key in rows["int2-rtn-g32"]
     int2 = rows["int2-rtn-g32"]
+    assert int2["noise_z_mean"]["n"] == 2 and rows["bf16"]["noise_z_mean"] is None
     assert set(int2["psnr"]) == {"mean", "se", "n"} and int2["psnr"]["n"] == 2
     assert int2["lpips"] is None
     assert int2["effective_bits"] == pytest.approx(2.75, rel=1e-6)
