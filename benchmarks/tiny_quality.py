@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.commands.options import read_prompts
+from jbkv_cli.commands.options import parse_seeds, read_prompts
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.data import all_prompts
@@ -48,7 +48,7 @@ def main() -> None:
         prompts = [p.text for p in all_prompts()]
     else:
         prompts = read_prompts(args.prompts, None, "tiny")
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = parse_seeds(args.seeds)
     rows = []
     for prompt in prompts:
         for seed in seeds:

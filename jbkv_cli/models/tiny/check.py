@@ -81,7 +81,7 @@ def check_video(
     ref_area = float(area[:frames_per_chunk].median().clamp_min(1))
     ratio = area / ref_area
     chunks = along[: t - t % frames_per_chunk].reshape(-1, frames_per_chunk)
-    chunk_path = chunks.diff(dim=1).abs().sum(1) if frames_per_chunk > 1 else torch.zeros(1)
+    chunk_path = chunks.diff(dim=1).abs().sum(1)  # zeros for 1-frame chunks
     drift = float(across.max() - across.min())
     return PromptCheck(
         colour=nearest,

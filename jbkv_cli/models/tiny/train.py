@@ -71,11 +71,11 @@ def make_batch(cfg: TinyConfig, tc: TrainConfig, gen: torch.Generator) -> dict[s
     """Render a batch and noise it: x0, clean copy, noisy copy, their noise levels, and the
     per-chunk loss weights.
 
-    With ``max_offset > 0`` each clip of ``n = window + extra_chunks`` chunks is cut from a
-    random chunk offset ``o`` of a longer video, so training sees the whole video (bounces, the
-    way back) and not only its start. A clip cut at ``o > 0`` has no context for its first chunk,
-    which is then ambiguous: its loss weight is 0 (it still serves as context for the others).
-    With ``grid_prob > 0`` that share of the noise levels is drawn from the sampler's grid.
+    Each clip of ``n = window + extra_chunks`` chunks is cut from a random chunk offset
+    ``o <= max_offset`` of a longer video (``o = 0`` forced with probability ``start_prob``),
+    so training sees the whole video (bounces, the way back) and not only its start. A clip cut
+    at ``o > 0`` has no context for its first chunk, which is then ambiguous: its loss weight is 0 (it still serves as context for the others).
+    A share ``grid_prob`` of the noise levels is drawn from the sampler's grid.
     """
     b, n, lc = tc.batch_size, cfg.window + tc.extra_chunks, cfg.chunk_len
     prompts = random_prompts(b, gen)
@@ -83,18 +83,15 @@ def make_batch(cfg: TinyConfig, tc: TrainConfig, gen: torch.Generator) -> dict[s
     data = DataConfig(image_size=cfg.image_size, num_frames=total * cfg.frames_per_chunk)
     video = render(prompts, data, gen) * 2 - 1
     x0 = patchify(video, cfg.patch_size).reshape(b, total, lc, cfg.patch_dim)
+    offset = torch.randint(tc.max_offset + 1, (b,), generator=gen)
+    offset = torch.where(torch.rand(b, generator=gen) < tc.start_prob, 0, offset)
+    index = offset[:, None] + torch.arange(n)
+    x0 = x0.gather(1, index[..., None, None].expand(b, n, lc, cfg.patch_dim))
     weight = torch.ones(b, n)
-    if tc.max_offset:
-        offset = torch.randint(tc.max_offset + 1, (b,), generator=gen)
-        if tc.start_prob:
-            offset = torch.where(torch.rand(b, generator=gen) < tc.start_prob, 0, offset)
-        index = offset[:, None] + torch.arange(n)
-        x0 = x0.gather(1, index[..., None, None].expand(b, n, lc, cfg.patch_dim))
-        weight[:, 0] = (offset == 0).float()
+    weight[:, 0] = (offset == 0).float()
     t = torch.rand(b, n, generator=gen)
-    if tc.grid_prob:
-        grid = 1.0 - torch.randint(tc.grid_steps, (b, n), generator=gen) / tc.grid_steps
-        t = torch.where(torch.rand(b, n, generator=gen) < tc.grid_prob, grid, t)
+    grid = 1.0 - torch.randint(tc.grid_steps, (b, n), generator=gen) / tc.grid_steps
+    t = torch.where(torch.rand(b, n, generator=gen) < tc.grid_prob, grid, t)
     t_ctx = tc.ctx_noise_max * torch.rand(b, n, generator=gen)
     eps = torch.randn(x0.shape, generator=gen)
     eps_ctx = torch.randn(x0.shape, generator=gen)
@@ -212,8 +209,8 @@ RECIPE: tuple[TrainConfig, ...] = (
 """The shipped weights' training. Stage 1: clips cut anywhere in the first 8 chunks, a quarter of
 them forced to start with the video, since the first chunk (made from the prompt alone) is
 trained only in clips cut at offset 0. Stage 2: a short fine-tune at a lower learning rate
-with half the clips starting with the video. Stage
-``k`` starts from stage ``k-1``'s EMA weights and seeds its data with ``seed + 100 (k - 1)``."""
+with half the clips starting with the video. Stage ``k`` starts from stage ``k-1``'s EMA
+weights and seeds its data with ``seed + 100 (k - 1)``."""
 
 
 def run_recipe(
