@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -13,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.atomic import check_writable_file, write_text_atomic
+from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
 from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
@@ -52,7 +53,17 @@ def fidelity_command(
     SSIM and LPIPS run on CUDA when available (same values up to float rounding), else CPU.
     """
     if max_lpips is not None and no_lpips:
-        raise JbkvError("--max-lpips needs LPIPS, but --no-lpips was given")
+        raise UsageError("--max-lpips needs LPIPS, but --no-lpips was given")
+    for flag, value in (
+        ("--min-psnr", min_psnr),
+        ("--min-ssim", min_ssim),
+        ("--max-lpips", max_lpips),
+    ):
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+    for flag, path in (("--json", json_path), ("--csv", csv_path)):
+        if path is not None:
+            check_writable_file(path, flag)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lpips: bool | LpipsAlex = not no_lpips
     if max_lpips is not None:

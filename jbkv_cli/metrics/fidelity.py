@@ -13,10 +13,16 @@ Protocol (torchmetrics style: per-frame statistics first, then one reduction):
 Videos in two folders are paired by their path relative to the folder, without the suffix
 (``a/b.mkv`` pairs with ``a/b.mp4``). When one folder holds the same stem in several formats, the
 first in ``VIDEO_SUFFIXES`` order (lossless first) is used and a warning says so.
+
+Folders that jbkv wrote (every video has its record ``<name>.json`` beside it) are paired by
+identity instead: (sub-folder, prompt, seed) from the records, because a file name carries the
+seed's *position* in the command that made it (``{prompt}-{index}``), not the seed. A record
+whose prompt and index do not match its file name (a renamed file) is refused.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -186,17 +192,30 @@ def compare_dirs(
     warnings: list[str] = []
     refs = _scan(Path(ref_dir), "reference", warnings)
     tests = _scan(Path(test_dir), "test", warnings)
-    only_ref = sorted(set(refs) - set(tests))
-    only_test = sorted(set(tests) - set(refs))
-    problems = [f"{k}: no test video in {test_dir}" for k in only_ref]
-    problems += [f"{k}: no reference video in {ref_dir}" for k in only_test]
+    names = {k: k for k in tests}
+    ref_ids, test_ids = _identities(refs), _identities(tests)
+    if ref_ids is not None and test_ids is not None:
+        ref_names = {ref_ids[k]: k for k in refs}
+        names = {test_ids[k]: k for k in tests}
+        refs = {ref_ids[k]: p for k, p in refs.items()}
+        tests = {test_ids[k]: p for k, p in tests.items()}
+        renamed = sum(ref_names[k] != names[k] for k in set(refs) & set(tests))
+        if renamed:
+            warnings.append(
+                f"paired by (prompt, seed) from the jbkv records: {renamed} video(s) have "
+                "different file names in the two folders"
+            )
+    only_ref = sorted(set(refs) - set(tests), key=str)
+    only_test = sorted(set(tests) - set(refs), key=str)
+    problems = [f"{_label(k)}: no test video in {test_dir}" for k in only_ref]
+    problems += [f"{_label(k)}: no reference video in {ref_dir}" for k in only_test]
     if problems and not allow_missing:
         shown = "; ".join(problems[:5]) + (
             f"; … {len(problems) - 5} more" if len(problems) > 5 else ""
         )
         raise JbkvError(f"unpaired videos ({len(problems)}): {shown} (use --allow-missing to skip)")
     warnings.extend(f"skipped {p}" for p in problems)
-    keys = sorted(set(refs) & set(tests))
+    keys = sorted(set(refs) & set(tests), key=lambda k: names[k])
     if not keys:
         raise JbkvError(f"no video in {test_dir} has a partner in {ref_dir}")
 
@@ -210,7 +229,8 @@ def compare_dirs(
         scorer, lpips_status = lpips, LPIPS_DESCRIPTION
 
     videos = [
-        compare_videos(refs[k], tests[k], skip_frames, scorer, name=k, device=device) for k in keys
+        compare_videos(refs[k], tests[k], skip_frames, scorer, name=names[k], device=device)
+        for k in keys
     ]
     return FidelityResult(
         ref_dir=str(ref_dir),
@@ -254,6 +274,47 @@ def _scan(root: Path, role: str, warnings: list[str]) -> dict[str, Path]:
             ignored = ", ".join(p.name for p in paths[1:])
             warnings.append(f"{key}: using {paths[0]} (ignoring {ignored})")
     return chosen
+
+
+Identity = tuple[str, str, int]
+
+
+def _identities(files: dict[str, Path]) -> dict[str, Identity] | None:
+    """``{name: (sub-folder, prompt, seed)}`` when every video has a jbkv record beside it
+    (a folder jbkv wrote), else None (a plain folder of videos, paired by name)."""
+    ids: dict[str, Identity] = {}
+    for name, path in files.items():
+        record = path.with_suffix(".json")
+        if not record.is_file():
+            return None
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            return None
+        if not (
+            isinstance(data, dict)
+            and isinstance(data.get("prompt"), str)
+            and type(data.get("seed")) is int
+            and type(data.get("index")) is int
+        ):
+            return None
+        if f"{data['prompt']}-{data['index']}" != path.stem:
+            raise JbkvError(
+                f"{record} records prompt {data['prompt'][:40]!r} index {data['index']}, which "
+                f"its video's name {path.name!r} does not match (renamed?)"
+            )
+        folder = name.rpartition("/")[0]
+        ids[name] = (folder, data["prompt"], data["seed"])
+    if len(set(ids.values())) != len(ids):
+        return None
+    return ids
+
+
+def _label(key: str | Identity) -> str:
+    if isinstance(key, str):
+        return key
+    folder, prompt, seed = key
+    return f"{folder + '/' if folder else ''}{prompt[:40]} (seed {seed})"
 
 
 def _frames(source: str | Path | torch.Tensor, label: str) -> tuple[torch.Tensor, str]:
