@@ -97,3 +97,27 @@ def local_server(tmp_path: Path) -> Iterator[LocalServer]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+TINY_PROMPTS = (
+    "a red circle moves right on a dark background",
+    "a blue square moves up on a gray background",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished quantize-eval run on the embedded model: 2 prompts x seed 0, reference +
+    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores)."""
+    from typer.testing import CliRunner
+
+    from jbkv_cli.cli import app
+
+    prompts = tmp_path_factory.mktemp("prompts") / "p.txt"
+    prompts.write_text("\n".join(TINY_PROMPTS) + "\n")
+    out = tmp_path_factory.mktemp("tiny-run")
+    args = ["quantize-eval", "--prompts", str(prompts), "--seeds", "0", "--bits", "2,4"]
+    args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--no-lpips", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out / "tiny"
