@@ -279,6 +279,9 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         made = make_plots(run, rows, report_dir)
         if made:
             err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    from jbkv_cli.html_report import write_html_report
+
+    err.print(f"page: {write_html_report(run, data, report_dir)}", highlight=False)
     return data
 
 
@@ -286,7 +289,12 @@ def report(
     run_dir: Annotated[
         Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
     ],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, md, json or csv.")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="table, md, json, csv, or html (RUN/report/index.html + plots)."
+        ),
+    ] = "table",
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
     ] = False,
@@ -299,8 +307,8 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
-    if fmt not in ("table", "md", "json", "csv"):
-        raise typer.BadParameter("--format must be table, md, json or csv")
+    if fmt not in ("table", "md", "json", "csv", "html"):
+        raise typer.BadParameter("--format must be table, md, json, csv or html")
     tol = parse_tolerances(tolerance)
     run = RunDir.open(run_dir)
     rows = build_rows(run)
@@ -313,9 +321,11 @@ def report(
         typer.echo(to_markdown(rows), nl=False)
     elif fmt == "json":
         typer.echo(json.dumps(to_json(run, rows), indent=2))
-    else:
+    elif fmt == "csv":
         typer.echo(to_csv(rows), nl=False)
-    if plots:
+    else:
+        typer.echo(_write_html(run, rows))
+    if plots and fmt != "html":
         from jbkv_cli.plots import make_plots
 
         for p in make_plots(run, rows, run.root / "report"):
@@ -327,6 +337,17 @@ def report(
                 err.print(f"[red]regression:[/] {p}", highlight=False)
             raise typer.Exit(1)
         err.print(f"[green]gate passed[/] against {baseline}", highlight=False)
+
+
+def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:
+    """The HTML report with the figures it shows (made here, so the page is complete)."""
+    from jbkv_cli.html_report import write_html_report
+    from jbkv_cli.plots import make_plots
+
+    report_dir = run.root / "report"
+    for p in make_plots(run, rows, report_dir):
+        err.print(f"wrote {p}", highlight=False)
+    return write_html_report(run, to_json(run, rows), report_dir)
 
 
 def register(app: typer.Typer) -> None:
