@@ -251,14 +251,14 @@ VIDEOS = "Array.from(document.querySelectorAll('video'))"
 SEEKABLE = "v.readyState >= 2 && v.seekable.length && v.seekable.end(v.seekable.length - 1) > 0"
 
 
+@pytest.mark.skipif(
+    _chromium() is None,
+    reason="no chromium executable (Debian's chromium package; `make browser` installs it)",
+)
 @pytest.mark.parametrize("served", ["http-ranges", "http-no-ranges", "file"])
 def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, served):
     """``http-no-ranges`` is like ``python -m http.server``: the page fetches its videos whole."""
     executable = _chromium()
-    if executable is None:
-        pytest.skip(
-            "no chromium executable (Debian's chromium package; `make browser` installs it)"
-        )
     shutil.copytree(tiny_run, local_server.root / "run")
     local_server.ranges = served == "http-ranges"
     url = f"{local_server.url}/run/report/index.html"
