@@ -110,11 +110,12 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import experiment, fidelity, vbench
+    from jbkv_cli.commands import experiment, fidelity, vbench, weights
 
     experiment.register(app)
     fidelity.register(app)
     vbench.register(app)
+    weights.register(app)
 
 
 _register_commands()

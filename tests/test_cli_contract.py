@@ -67,6 +67,9 @@ HELP = [
     ("vbench", "status"),
     ("vbench", "run"),
     ("attention-demo",),
+    ("weights",),
+    ("weights", "status"),
+    ("weights", "fetch"),
 ]
 
 
@@ -102,6 +105,7 @@ USAGE = [
     ("report", "r", "--tolerance", "psnr=nan"),
     ("report", "r", "--tolerance", "psnr=-1"),
     ("report", "r", "--format", "xml"),
+    ("weights", "fetch", "nosuchfile"),
     ("nosuchcommand",),
 ]
 

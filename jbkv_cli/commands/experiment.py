@@ -299,6 +299,9 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         made = make_plots(run, rows, report_dir)
         if made:
             err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    from jbkv_cli.html_report import write_html_report
+
+    err.print(f"page: {write_html_report(run, data, report_dir)}", highlight=False)
     return data
 
 
@@ -306,7 +309,12 @@ def report(
     run_dir: Annotated[
         Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
     ],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, md, json or csv.")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="table, md, json, csv, or html (RUN/report/index.html + plots)."
+        ),
+    ] = "table",
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
     ] = False,
@@ -319,8 +327,8 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
-    if fmt not in ("table", "md", "json", "csv"):
-        raise UsageError(f"--format must be table, md, json or csv, got {shown(fmt)}")
+    if fmt not in ("table", "md", "json", "csv", "html"):
+        raise UsageError(f"--format must be table, md, json, csv or html, got {shown(fmt)}")
     tol = parse_tolerances(tolerance)
     base = load_baseline(baseline) if baseline is not None else None
     run = RunDir.open(run_dir)
@@ -336,9 +344,11 @@ def report(
         typer.echo(to_markdown(rows), nl=False)
     elif fmt == "json":
         typer.echo(json.dumps(to_json(run, rows), indent=2))
-    else:
+    elif fmt == "csv":
         typer.echo(to_csv(rows), nl=False)
-    if plots:
+    else:
+        typer.echo(_write_html(run, rows))
+    if plots and fmt != "html":
         from jbkv_cli.plots import make_plots
 
         for p in make_plots(run, rows, run.root / "report"):
@@ -352,6 +362,17 @@ def report(
                 f"gate failed against {baseline}: {len(gate.problems)} problem(s) above"
             )
         err.print(f"[green]gate passed[/]: {gate.summary()} against {baseline}", highlight=False)
+
+
+def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:
+    """The HTML report with the figures it shows (made here, so the page is complete)."""
+    from jbkv_cli.html_report import write_html_report
+    from jbkv_cli.plots import make_plots
+
+    report_dir = run.root / "report"
+    for p in make_plots(run, rows, report_dir):
+        err.print(f"wrote {p}", highlight=False)
+    return write_html_report(run, to_json(run, rows), report_dir)
 
 
 def register(app: typer.Typer) -> None:

@@ -47,6 +47,7 @@ def fidelity_command(
     max_lpips: float | None = None,
     allow_missing: bool = False,
     no_lpips: bool = False,
+    chunk_frames: int | None = None,
 ) -> int:
     """Score, print, write JSON/CSV; return 1 if a video violates a threshold, else 0.
 
@@ -69,7 +70,13 @@ def fidelity_command(
     if max_lpips is not None:
         lpips = load_lpips(device)
     result = compare_dirs(
-        ref, test, skip_frames=skip_frames, allow_missing=allow_missing, lpips=lpips, device=device
+        ref,
+        test,
+        skip_frames=skip_frames,
+        allow_missing=allow_missing,
+        lpips=lpips,
+        device=device,
+        chunk_frames=chunk_frames,
     )
     violations = threshold_violations(result.videos, min_psnr, min_ssim, max_lpips)
 
@@ -194,6 +201,15 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--allow-missing", help="Skip videos without a partner.")
         ] = False,
         no_lpips: Annotated[bool, typer.Option("--no-lpips", help="Do not compute LPIPS.")] = False,
+        chunk_frames: Annotated[
+            int | None,
+            typer.Option(
+                "--chunk-frames",
+                min=1,
+                help="Frames per generated chunk for the per-chunk (drift) scores in --json "
+                "(default: from the jbkv records beside the test videos, else 1).",
+            ),
+        ] = None,
     ) -> None:
         """PSNR, SSIM and LPIPS of TEST videos against REF videos, paired by relative name.
 
@@ -210,6 +226,7 @@ def register(app: typer.Typer) -> None:
             max_lpips=max_lpips,
             allow_missing=allow_missing,
             no_lpips=no_lpips,
+            chunk_frames=chunk_frames,
         )
         if code:
             raise typer.Exit(code)

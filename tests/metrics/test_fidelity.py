@@ -249,6 +249,7 @@ def test_lpips_unavailable_without_alexnet_file(
     assert scorer is None
     assert "alexnet-owt-7be5be79.pth" in reason
     assert str(tmp_path / "torch" / "hub" / "checkpoints") in reason
+    assert "run: jbkv weights fetch lpips" in reason
     assert "\n" not in reason
     assert not (tmp_path / "torch").exists()  # nothing downloaded or created
     _tree(tmp_path / "ref", {"a.mkv": _video()})
