@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from jbkv_cli.attention import CachedKV, attend
-from jbkv_cli.quant import KVSpec, quantize_kv
-from jbkv_cli.quant.cache import ChunkKVCache
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.quant import quantize_kv
 
 
 def best_of(fn, repeats: int) -> float:
@@ -84,7 +84,7 @@ def run(d: int, heads: int, lq: int, lc: int, repeats: int, group: int = 32) -> 
     x = torch.randn(1, heads, lc, d).bfloat16()
     t = best_of(lambda: quantize_kv(x, 2, group), repeats)
     row["quantize_gb_s"] = x.numel() * 2 / t / 1e9
-    bf16, int2 = ChunkKVCache(KVSpec()), ChunkKVCache(KVSpec("rtn", 2, group_size=group))
+    bf16, int2 = ChunkKVCache(KVSpec()), ChunkKVCache(KVSpec.build("rtn", 2, group_size=group))
     for c in (bf16, int2):
         c.commit(x, x)
     row["cache_bytes_bf16"], row["cache_bytes_int2"] = bf16.nbytes, int2.nbytes

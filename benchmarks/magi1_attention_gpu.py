@@ -44,11 +44,11 @@ def main() -> int:
         print("magi1_attention_gpu: no CUDA device; this benchmark needs a GPU.", file=sys.stderr)
         return 2
 
+    from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
     from jbkv_cli.models.magi1.config import VARIANTS
     from jbkv_cli.models.magi1.dit import ChunkAttention, TransformerLayer
     from jbkv_cli.models.magi1.kv import cache_attend, make_caches
     from jbkv_cli.models.magi1.rope import LearnableRotaryEmbedding
-    from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
 
     dev, dt = "cuda", torch.bfloat16
     cfg = VARIANTS["4.5B_distill"].dit
@@ -74,8 +74,8 @@ def main() -> int:
 
     specs = {
         "bf16": FULL_PRECISION,
-        "int2": KVSpec(quantizer="rtn", bits=2, group_size=32, correction="none"),
-        "int2+taylor": KVSpec(quantizer="rtn", bits=2, group_size=32, correction="taylor"),
+        "int2": KVSpec.build("rtn", bits=2, group_size=32, correction="none"),
+        "int2+taylor": KVSpec.build("rtn", bits=2, group_size=32, correction="taylor"),
     }
     results: dict = {
         "shape": {

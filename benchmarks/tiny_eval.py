@@ -4,7 +4,7 @@
 
 For every (prompt, seed) the full-precision video is generated once; every variant is compared
 with it (PSNR on uint8 frames, peak 255, per frame then mean; identical frames count as 100 dB
-and are reported). ΔP_S comes from ``record_attention`` during the variant's generation.
+and are reported). ΔP_S comes from an ``AttentionRecorder`` observing the variant's generation.
 Prints a table (mean ± standard error over videos) and writes benchmarks/results/tiny_eval.json.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.attention import record_attention
+from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.commands.options import read_prompts
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
 from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.models.tiny import load_model
-from jbkv_cli.quant.spec import KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def variants() -> dict[str, KVSpec]:
     """INT4 (uncorrected) and INT2 (none / taylor / exact), for RTN and QuaRot, g = 32."""
     out = {}
     for q in ("rtn", "quarot"):
-        out[f"INT4 {q} g32 none"] = KVSpec(quantizer=q, bits=4, group_size=32)
+        out[f"INT4 {q} g32 none"] = KVSpec.build(q, bits=4, group_size=32)
         for corr in ("none", "taylor", "exact"):
             out[f"INT2 {q} g32 {corr}"] = KVSpec(
                 quantizer=q, bits=2, group_size=32, correction=corr
@@ -82,8 +82,8 @@ def main() -> None:
             for name, spec in specs.items():
                 if spec.correction == "exact" and seed >= exact_seeds:
                     continue
-                with record_attention(max_queries=64, noise_model=False) as rec:
-                    video = model.generate(prompt, seed, spec).frames
+                rec = AttentionRecorder(max_queries=64, noise_model=False)
+                video = model.generate(prompt, seed, spec, observer=rec).frames
                 rows[name]["psnr"].append(psnr(video, ref))
                 rows[name]["dps"].append(rec.summary()["delta_ps"])
                 rows[name]["keys"].append((prompt, seed))

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import torch
 
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny import load_model
-from jbkv_cli.quant.spec import KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a red circle moves right on a dark background"
 VARIANTS = {
     "full-precision cache (fp32)": KVSpec(),
-    "INT2 rtn g32": KVSpec(quantizer="rtn", bits=2, group_size=32),
-    "INT2 rtn g32 +taylor": KVSpec(quantizer="rtn", bits=2, group_size=32, correction="taylor"),
+    "INT2 rtn g32": KVSpec.build("rtn", bits=2, group_size=32),
+    "INT2 rtn g32 +taylor": KVSpec.build("rtn", bits=2, group_size=32, correction="taylor"),
 }
 
 

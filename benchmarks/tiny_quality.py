@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.commands.options import parse_seeds, read_prompts
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.data import all_prompts
-from jbkv_cli.quant.spec import KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ("colour_ok", "starts_ok", "shape_ok", "moving_ok", "ok")

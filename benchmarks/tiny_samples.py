@@ -13,15 +13,15 @@ import torch
 from PIL import Image
 
 from jbkv_cli.commands.options import read_prompts
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny import load_model
-from jbkv_cli.quant.spec import KVSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "full precision": KVSpec(),
-    "INT4 rtn": KVSpec(quantizer="rtn", bits=4),
-    "INT2 rtn": KVSpec(quantizer="rtn", bits=2),
-    "INT2 rtn +taylor": KVSpec(quantizer="rtn", bits=2, correction="taylor"),
+    "INT4 rtn": KVSpec.build("rtn", bits=4),
+    "INT2 rtn": KVSpec.build("rtn", bits=2),
+    "INT2 rtn +taylor": KVSpec.build("rtn", bits=2, correction="taylor"),
 }
 
 

@@ -16,26 +16,20 @@ __version__ = "0.1.0"
 
 # Imported on first use (PEP 562), so ``import jbkv_cli`` and the CLI's start-up stay light.
 _EXPORTS = {
-    "ChunkKVCache": "jbkv_cli.quant.cache",
-    "KVSpec": "jbkv_cli.quant",
+    "AttentionRecorder": "jbkv_cli.attention",
+    "ChunkKVCache": "jbkv_cli.kvcache",
+    "KVMethod": "jbkv_cli.quant",
+    "KVSpec": "jbkv_cli.kvcache",
     "QuantizedTensor": "jbkv_cli.quant",
     "attend": "jbkv_cli.attention",
     "attention_backend": "jbkv_cli.attention",
+    "build_method": "jbkv_cli.quant",
     "jensen_bias": "jbkv_cli.attention",
     "quantize_kv": "jbkv_cli.quant",
-    "record_attention": "jbkv_cli.attention",
+    "register_method": "jbkv_cli.quant",
 }
 
-__all__ = [
-    "ChunkKVCache",
-    "KVSpec",
-    "QuantizedTensor",
-    "attend",
-    "attention_backend",
-    "jensen_bias",
-    "quantize_kv",
-    "record_attention",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):

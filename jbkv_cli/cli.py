@@ -129,7 +129,8 @@ def attention_demo(
 ) -> None:
     """SYNTHETIC attention (random q/K, no video model): ΔP_S of INT2/INT4 with and without
     the correction."""
-    from jbkv_cli.quant import KVSpec
+    from jbkv_cli.kvcache import KVSpec
+    from jbkv_cli.quant.registry import METHODS
     from jbkv_cli.synthetic import SyntheticConfig, synthetic_row
 
     cfg = SyntheticConfig(cached=cached, current=current, seed=seed)
@@ -139,10 +140,10 @@ def attention_demo(
     )
     for col in ("variant", "eff. bits", "ΔP_S", "JSD", "output MSE", "noise var meas/pred"):
         table.add_column(col, justify="left" if col == "variant" else "right")
-    for quantizer in ("rtn", "quarot"):
-        for bits in (4, 2):
+    for quantizer, method in METHODS.items():
+        for bits in (b for b in (4, 2) if b in method.SUPPORTED_BITS):
             for correction in ("none", "taylor", "exact"):
-                row = synthetic_row(KVSpec(quantizer, bits, correction=correction), cfg)
+                row = synthetic_row(KVSpec.build(quantizer, bits, correction=correction), cfg)
                 ratio = row["noise_measured_var"] / row["noise_predicted_var"]
                 table.add_row(
                     row["variant"],

@@ -14,12 +14,13 @@ from typing import Any
 
 from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
 from jbkv_cli.metrics.stats import aggregate
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 METRICS = ("psnr", "ssim")
 
 
-def drift_series(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def drift_series(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     """Per-chunk mean ± SE of each metric for every scored variant, in table order.
 
     Returns ``{"unit": "chunk" | "frame", "chunk_frames": int, "variants": [{"variant",
@@ -29,7 +30,7 @@ def drift_series(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
     settings = run.manifest.get("settings", {})
     variants = []
     for row in rows:
-        vid = row["variant"]
+        vid = row.variant
         if vid == REFERENCE:
             continue
         scores = run.read_metrics("fidelity", vid)
@@ -50,8 +51,8 @@ def drift_series(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
         variants.append(
             {
                 "variant": vid,
-                "label": row["label"],
-                "corrected": row["corrected"],
+                "label": row.label,
+                "corrected": row.corrected,
                 "chunk_frames": lengths.most_common(1)[0][0],
                 **{
                     m: [{"chunk": k, **aggregate(v)} for k, v in sorted(series[m].items())]

@@ -1,7 +1,8 @@
 """The experiment: generate every (variant, prompt, seed) into a run, then score it.
 
-Data flows one way: matrix of KVSpecs -> model.generate (under ``record_attention``) -> run
-directory -> paired fidelity against the reference variant -> rows for the report.
+Data flows one way: matrix of KVSpecs -> model.generate (with an attention recorder as its
+observer) -> run directory -> paired fidelity against the reference variant -> rows for the
+report.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from jbkv_cli.attention import record_attention
+from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.console import err
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metrics.chunks import chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
-from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
+from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.runs import REFERENCE, RunDir, check_prompt, video_name
 
 HISTOGRAM_SAMPLES = 2000
@@ -39,24 +41,26 @@ def build_matrix(
     corrections: Iterable[str],
     group_sizes: Iterable[int],
     ablations: Iterable[str] = (),
-    rotation_seed: int = 0,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> list[KVSpec]:
-    """The reference plus every quantized combination, then the ablations (uncorrected)."""
+    """The reference plus every quantized combination, then the ablations (uncorrected).
+
+    ``options``: per method name, options passed to it (e.g. ``{"quarot": {"seed": 1}}``).
+    Combinations a method does not define (bits it does not support) are left out.
+    """
+    options = options or {}
     specs = [FULL_PRECISION]
     for q in quantizers:
         for g in group_sizes:
             for b in bits:
+                if b not in METHODS[q].SUPPORTED_BITS:
+                    continue
+                kw = options.get(q, {})
                 for c in corrections:
-                    specs.append(KVSpec(q, b, g, c, rotation_seed=rotation_seed))
+                    specs.append(KVSpec.build(q, b, g, c, **kw))
                 for a in ablations:
-                    kw = ABLATIONS[a]
-                    specs.append(KVSpec(q, b, g, "none", rotation_seed=rotation_seed, **kw))
-    seen, unique = set(), []
-    for s in specs:
-        if s not in seen:
-            seen.add(s)
-            unique.append(s)
-    return unique
+                    specs.append(KVSpec.build(q, b, g, "none", **ABLATIONS[a], **kw))
+    return list(dict.fromkeys(specs))
 
 
 @dataclass
@@ -126,11 +130,10 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
         if progress is not None:
             progress.update(task, completed=done, total=total)
 
-    record_diag = diagnostics and spec.bits < 16
+    rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
-        with record_attention() if record_diag else contextlib.nullcontext() as rec:
-            video = model.generate(prompt, seed, spec, progress=on_chunk)
+        video = model.generate(prompt, seed, spec, progress=on_chunk, observer=rec)
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc
     seconds = time.perf_counter() - start

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.results import ResultRow
 
-REFERENCE_IDS = ("bf16", "reference")
 TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False}
 _METRIC_KEYS = ("psnr", "ssim", "lpips", "delta_ps")
@@ -94,15 +94,11 @@ def _shape_problem(data: Any) -> str | None:
     rows = data.get("rows")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         return "no 'rows' list"
-    for i, row in enumerate(rows):
-        if not isinstance(row.get("variant"), str):
-            return f"row {i} has no 'variant'"
-        if type(row.get("videos")) is not int:
-            return f"row {row['variant']} has no 'videos' count"
-        for key in _METRIC_KEYS:
-            m = row.get(key)
-            if m is not None and not (isinstance(m, dict) and _is_finite(m.get("mean"), True)):
-                return f"row {row['variant']}: {key} is not {{'mean': number, ...}} or null"
+    for row in rows:
+        try:
+            ResultRow.from_dict(row)
+        except ValueError as exc:
+            return str(exc)
     return None
 
 
@@ -110,20 +106,9 @@ def _is_video(v: Any) -> bool:
     return isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and type(v[1]) is int
 
 
-def _is_finite(x: Any, allow_none: bool = False) -> bool:
-    if x is None:
-        return allow_none
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _listed(items: list[str], limit: int = 3) -> str:
     more = f", … ({len(items)} in all)" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
-
-
-def _mean(row: dict[str, Any], key: str) -> float | None:
-    m = row.get(key)
-    return m.get("mean") if isinstance(m, dict) else None
 
 
 def check_baseline(
@@ -155,8 +140,8 @@ def check_baseline(
         if items:
             names = [f"{p[:40]!r} seed {s}" for p, s in sorted(items)]
             problems.append(f"videos {label}: {_listed(names)}")
-    rows = {r["variant"]: r for r in current["rows"] if r["variant"] not in REFERENCE_IDS}
-    base_rows = {r["variant"]: r for r in baseline["rows"] if r["variant"] not in REFERENCE_IDS}
+    rows = _quantized_rows(current)
+    base_rows = _quantized_rows(baseline)
     if not base_rows:
         problems.append("the baseline has no quantized variant to compare")
     for label, items in (
@@ -169,9 +154,9 @@ def check_baseline(
     for vid in sorted(set(rows) & set(base_rows)):
         row, base = rows[vid], base_rows[vid]
         n = len(current["videos"])
-        scored = (row.get("psnr") or {}).get("n")
-        if row["videos"] != n or scored != n:
-            problems.append(f"{vid}: {row['videos']} of {n} videos generated, {scored or 0} scored")
+        scored = row.psnr.n if row.psnr else 0
+        if row.videos != n or scored != n:
+            problems.append(f"{vid}: {row.videos} of {n} videos generated, {scored} scored")
             continue
         checked = _compare_row(vid, row, base, tol, problems)
         if not checked:
@@ -183,15 +168,20 @@ def check_baseline(
     return result
 
 
+def _quantized_rows(result: dict[str, Any]) -> dict[str, ResultRow]:
+    rows = (ResultRow.from_dict(r) for r in result["rows"])
+    return {r.variant: r for r in rows if not r.is_reference}
+
+
 def _compare_row(
-    vid: str, row: dict[str, Any], base: dict[str, Any], tol: dict[str, float], problems: list[str]
+    vid: str, row: ResultRow, base: ResultRow, tol: dict[str, float], problems: list[str]
 ) -> set[str]:
     checked = set()
     for metric in _METRIC_KEYS:
-        b = _mean(base, metric)
+        b = base.mean(metric)
         if b is None:
             continue
-        c = _mean(row, metric)
+        c = row.mean(metric)
         if c is None or not math.isfinite(c):
             problems.append(f"{vid}: {metric} missing (baseline {b:.4f})")
             continue

@@ -29,6 +29,7 @@ from jbkv_cli import __version__
 from jbkv_cli.atomic import atomic_path, write_text_atomic
 from jbkv_cli.drift import drift_series
 from jbkv_cli.report import lpips_note, table_cells
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 ASSETS = ("report.css", "report.js")
@@ -55,7 +56,7 @@ def write_html_report(run: RunDir, data: dict[str, Any], out_dir: Path | None = 
 
 def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
     """The page as a string; ``out_dir`` is where it will lie (relative links start there)."""
-    rows = data["rows"]
+    rows = [ResultRow.from_dict(r) for r in data["rows"]]
     title = f"jbkv report · {data.get('model')}"
     settings = data.get("settings") or {}
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
@@ -92,38 +93,38 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
     )
 
 
-def video_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def video_order(rows: list[ResultRow]) -> list[ResultRow]:
     """Reference, INT4, INT2, INT2 + correction (the headline four), then every other variant."""
 
-    def pick(bits: int, corrected: bool) -> dict[str, Any] | None:
+    def pick(bits: int, corrected: bool) -> ResultRow | None:
         for r in rows:
-            full = r["keys"] and r["values"] and not r["bias_only"]
-            if r["bits"] == bits and r["corrected"] == corrected and full:
+            full = r.keys and r.values and not r.bias_only
+            if r.bits == bits and r.corrected == corrected and full:
                 return r
         return None
 
     first = [r for r in (pick(16, False), pick(4, False), pick(2, False), pick(2, True)) if r]
-    seen = {r["variant"] for r in first}
-    return first + [r for r in rows if r["variant"] not in seen]
+    seen = {r.variant for r in first}
+    return first + [r for r in rows if r.variant not in seen]
 
 
 # --- sections -----------------------------------------------------------------------------------
 
 _SORT_KEYS = {
-    "scheme": lambda r: r["quantizer"],
-    "bits": lambda r: r["bits"],
-    "eff. bits": lambda r: r["effective_bits"],
-    "corrected": lambda r: r["correction"],
-    "PSNR ↑ dB": lambda r: _mean(r, "psnr"),
-    "SSIM ↑": lambda r: _mean(r, "ssim"),
-    "LPIPS ↓": lambda r: _mean(r, "lpips"),
-    "ΔP_S": lambda r: _mean(r, "delta_ps"),
-    "KV MB": lambda r: r["kv_cache_bytes"],
-    "s/video": lambda r: _mean(r, "seconds"),
+    "scheme": lambda r: r.quantizer,
+    "bits": lambda r: r.bits,
+    "eff. bits": lambda r: r.effective_bits,
+    "corrected": lambda r: r.correction,
+    "PSNR ↑ dB": lambda r: r.mean("psnr"),
+    "SSIM ↑": lambda r: r.mean("ssim"),
+    "LPIPS ↓": lambda r: r.mean("lpips"),
+    "ΔP_S": lambda r: r.mean("delta_ps"),
+    "KV MB": lambda r: r.kv_cache_bytes,
+    "s/video": lambda r: r.mean("seconds"),
 }
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+def _table(rows: list[ResultRow]) -> str:
     cols, cells, best = table_cells(rows)
     text_cols = {"variant", "scheme", "corrected"}
     head = "".join(
@@ -138,25 +139,23 @@ def _table(rows: list[dict[str, Any]]) -> str:
         for c, text in zip(cols, row_cells, strict=True):
             key = i if c == "variant" else _sort_key(r, c)
             classes = [
-                k
-                for k, on in (("text", c in text_cols), ("best", best.get(c) == r["variant"]))
-                if on
+                k for k, on in (("text", c in text_cols), ("best", best.get(c) == r.variant)) if on
             ]
             cls = f' class="{" ".join(classes)}"' if classes else ""
             tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{_e(text)}</td>')
-        ref = ' class="reference"' if r["variant"] == REFERENCE else ""
-        lines.append(f'<tr{ref} data-variant="{_e(r["variant"])}">{"".join(tds)}</tr>')
+        ref = ' class="reference"' if r.variant == REFERENCE else ""
+        lines.append(f'<tr{ref} data-variant="{_e(r.variant)}">{"".join(tds)}</tr>')
     return (
         '<table class="sortable" id="variants">\n'
         f"<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(lines) + "\n</tbody>\n</table>"
     )
 
 
-def _sort_key(row: dict[str, Any], column: str) -> Any:
+def _sort_key(row: ResultRow, column: str) -> Any:
     if column in _SORT_KEYS:
         return _SORT_KEYS[column](row)
     if column.startswith("VB "):
-        vb = row.get("vbench") or {}
+        vb = row.vbench or {}
         if column == "VB quality":
             return vb.get("quality")
         dim = (vb.get("dimensions") or {}).get(column[3:]) or {}
@@ -164,7 +163,7 @@ def _sort_key(row: dict[str, Any], column: str) -> Any:
     return None
 
 
-def _gains(gains: list[dict[str, Any]]) -> str:
+def _gains(gains: list[ResultRow]) -> str:
     items = []
     for g in gains:
         d = g.get("psnr_gain")
@@ -227,10 +226,10 @@ def _drift_cell(point: dict[str, Any] | None, digits: int) -> str:
     return f'<td data-sort="{point["mean"]}">{point["mean"]:.{digits}f}{se}</td>'
 
 
-def _videos(run: RunDir, rows: list[dict[str, Any]], out_dir: Path, chunk_frames: int) -> str:
+def _videos(run: RunDir, rows: list[ResultRow], out_dir: Path, chunk_frames: int) -> str:
     order = video_order(rows)
     refs = sorted(run.records(REFERENCE), key=lambda r: (r["prompt"], r["index"]))
-    scores = {r["variant"]: run.read_metrics("fidelity", r["variant"]) for r in order}
+    scores = {r.variant: run.read_metrics("fidelity", r.variant) for r in order}
     groups = []
     for ref in refs:
         name = video_name(ref["prompt"], ref["index"])
@@ -239,22 +238,22 @@ def _videos(run: RunDir, rows: list[dict[str, Any]], out_dir: Path, chunk_frames
         shown_w = _display_width(width)
         figures = []
         for r in order:
-            mp4 = run.paths(r["variant"], name)["mp4"]
-            if not run.is_done(r["variant"], name):
+            mp4 = run.paths(r.variant, name)["mp4"]
+            if not run.is_done(r.variant, name):
                 continue
             src = _relative_url(mp4, out_dir)
-            s = scores[r["variant"]].get(name) or {}
+            s = scores[r.variant].get(name) or {}
             score = (
                 "reference"
-                if r["variant"] == REFERENCE
+                if r.variant == REFERENCE
                 else f"PSNR {s['psnr']:.2f} dB · SSIM {s['ssim']:.4f}"
                 if "psnr" in s
                 else "not scored"
             )
             figures.append(
-                f'<figure data-variant="{_e(r["variant"])}"><video src="{src}" muted loop '
+                f'<figure data-variant="{_e(r.variant)}"><video src="{src}" muted loop '
                 f'playsinline preload="auto" width="{shown_w}"></video>'
-                f'<figcaption>{_e(r["label"])}<br><span class="score">{_e(score)}</span>'
+                f'<figcaption>{_e(r.label)}<br><span class="score">{_e(score)}</span>'
                 "</figcaption></figure>"
             )
         if not figures:
@@ -290,11 +289,6 @@ def _relative_url(path: Path, start: Path) -> str:
     """``path`` relative to ``start`` as a URL (each segment percent-encoded)."""
     rel = Path(os.path.relpath(path.resolve(), start.resolve()))
     return "/".join(quote(part) for part in rel.parts)
-
-
-def _mean(row: dict[str, Any], key: str) -> float | None:
-    m = row.get(key)
-    return None if not m else m.get("mean")
 
 
 def _e(value: Any) -> str:

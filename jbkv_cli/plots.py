@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -20,6 +19,7 @@ import torch
 from jbkv_cli.atomic import atomic_path
 from jbkv_cli.drift import drift_series
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 
@@ -30,28 +30,28 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def psnr_vs_bits(rows: list[dict[str, Any]], path: Path) -> Path | None:
+def psnr_vs_bits(rows: list[ResultRow], path: Path) -> Path | None:
     main = [
         r
         for r in rows
-        if r["variant"] != REFERENCE
-        and r["keys"]
-        and r["values"]
-        and not r["bias_only"]
-        and r["psnr"]
-        and r["effective_bits"]
+        if r.variant != REFERENCE
+        and r.keys
+        and r.values
+        and not r.bias_only
+        and r.psnr
+        and r.effective_bits
     ]
     if not main:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     groups: dict[tuple[str, str], list] = {}
     for r in main:
-        groups.setdefault((r["quantizer"], r["correction"]), []).append(r)
+        groups.setdefault((r.quantizer, r.correction), []).append(r)
     for (q, c), rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r["effective_bits"])
-        x = [r["effective_bits"] for r in rs]
-        y = [r["psnr"]["mean"] for r in rs]
-        e = [r["psnr"]["se"] or 0 for r in rs]
+        rs.sort(key=lambda r: r.effective_bits)
+        x = [r.effective_bits for r in rs]
+        y = [r.psnr.mean for r in rs]
+        e = [r.psnr.se or 0 for r in rs]
         style = "-" if c == "none" else "--"
         ax.errorbar(
             x,
@@ -69,18 +69,18 @@ def psnr_vs_bits(rows: list[dict[str, Any]], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def delta_ps_hist(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path | None:
+def delta_ps_hist(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
     with_samples = []
     for r in rows:
-        if r["variant"] == REFERENCE or not (r["keys"] and r["values"]) or r["bias_only"]:
+        if r.variant == REFERENCE or not (r.keys and r.values) or r.bias_only:
             continue
-        samples = [x for rec in run.records(r["variant"]) for x in rec.get("delta_ps_samples", [])]
+        samples = [x for rec in run.records(r.variant) for x in rec.get("delta_ps_samples", [])]
         if samples:
             with_samples.append((r, samples))
     if not with_samples:
         return None
-    low = min(r["bits"] for r, _ in with_samples)
-    chosen = [(r, s) for r, s in with_samples if r["bits"] == low]
+    low = min(r.bits for r, _ in with_samples)
+    chosen = [(r, s) for r, s in with_samples if r.bits == low]
     fig, ax = plt.subplots(figsize=(6, 4))
     lo = min(min(s) for _, s in chosen)
     hi = max(max(s) for _, s in chosen)
@@ -92,7 +92,7 @@ def delta_ps_hist(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path |
             histtype="step",
             linewidth=1.5,
             density=True,
-            label=f"{r['label']} (mean {sum(s) / len(s):+.4f})",
+            label=f"{r.label} (mean {sum(s) / len(s):+.4f})",
         )
     ax.axvline(0, color="k", linewidth=0.8)
     ax.set_xlabel("ΔP_S per query (attention mass on cached tokens, variant − full precision)")
@@ -102,15 +102,15 @@ def delta_ps_hist(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path |
     return _save(fig, path)
 
 
-def frame_strip(run: RunDir, rows: list[dict[str, Any]], path: Path, times: int = 5) -> Path | None:
-    def pick(bits: int, corrected: bool) -> dict | None:
+def frame_strip(run: RunDir, rows: list[ResultRow], path: Path, times: int = 5) -> Path | None:
+    def pick(bits: int, corrected: bool) -> ResultRow | None:
         for r in rows:
             if (
-                r["bits"] == bits
-                and r["corrected"] == corrected
-                and r["keys"]
-                and r["values"]
-                and not r["bias_only"]
+                r.bits == bits
+                and r.corrected == corrected
+                and r.keys
+                and r.values
+                and not r.bias_only
             ):
                 return r
         return None
@@ -122,8 +122,8 @@ def frame_strip(run: RunDir, rows: list[dict[str, Any]], path: Path, times: int 
     name = video_name(refs[0]["prompt"], refs[0]["index"])
     videos = []
     for r in chosen:
-        if run.is_done(r["variant"], name):
-            videos.append((r["label"], run.load_frames(r["variant"], name)))
+        if run.is_done(r.variant, name):
+            videos.append((r.label, run.load_frames(r.variant, name)))
     if len(videos) < 2:
         return None
     t_total = videos[0][1].shape[0]
@@ -145,7 +145,7 @@ def frame_strip(run: RunDir, rows: list[dict[str, Any]], path: Path, times: int 
     return _save(fig, path)
 
 
-def drift_plot(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path | None:
+def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
     """PSNR and SSIM per chunk (x) per variant: the mean line and a ± SE band.
 
     Chunks identical to the reference in every video (PSNR at the cap) are drawn as triangles on
@@ -195,7 +195,7 @@ def drift_plot(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path | No
     return _save(fig, path)
 
 
-def make_plots(run: RunDir, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+def make_plots(run: RunDir, rows: list[ResultRow], out_dir: Path) -> list[Path]:
     made = [
         psnr_vs_bits(rows, out_dir / "psnr_vs_bits.png"),
         delta_ps_hist(run, rows, out_dir / "delta_ps_hist.png"),

@@ -1,8 +1,9 @@
 """Report: rows built from a run directory alone, rendered last (Rich, Markdown, CSV, JSON, PNG).
 
-Each row is one variant; each metric is ``{"mean", "se", "n"}`` over videos, paired with the
-reference of the same prompt and seed (so the SE is a paired standard error). Nothing here
-recomputes a video or a metric: ``quantize-eval`` and ``report`` print the same table.
+Each row is one variant, a typed :class:`~jbkv_cli.results.ResultRow`; each metric a
+:class:`~jbkv_cli.results.Stat` over videos, paired with the reference of the same prompt and seed
+(so the SE is a paired standard error). Nothing here recomputes a video or a metric:
+``quantize-eval`` and ``report`` print the same table.
 """
 
 from __future__ import annotations
@@ -10,21 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from typing import Any
 
 from rich.table import Table
 
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.metrics.stats import aggregate
+from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
-
-LOWER_IS_BETTER = {"lpips", "kv_cache_mb", "seconds", "abs_delta_ps"}
-
-
-def _agg(values: list[float | None]) -> dict[str, Any] | None:
-    xs = [v for v in values if v is not None and math.isfinite(v)]
-    return aggregate(xs) if xs else None
 
 
 def reference_bits(run: RunDir) -> int:
@@ -56,97 +49,88 @@ def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
     return out
 
 
-def build_rows(run: RunDir) -> list[dict[str, Any]]:
+def build_rows(run: RunDir) -> list[ResultRow]:
     """One row per variant (reference first), from records and metrics on disk."""
     variants = run.variants()
     vbench = vbench_results(run)
     if REFERENCE not in variants:
         raise JbkvError(f"{run.root} has no reference ({REFERENCE}) videos yet")
-    ref_records = run.records(REFERENCE)
-    ref_bytes = _agg([r["kv_cache_bytes"] for r in ref_records])
+    ref_bytes = Stat.of([r["kv_cache_bytes"] for r in run.records(REFERENCE)])
     ref_bits = reference_bits(run)
     rows = []
     for vid, spec in variants.items():
         records = run.records(vid)
         fid = run.read_metrics("fidelity", vid)
-        scores = [
-            fid[video_name(r["prompt"], r["index"])]
-            for r in records
-            if video_name(r["prompt"], r["index"]) in fid
-        ]
+        names = [video_name(r["prompt"], r["index"]) for r in records]
+        scores = [fid[n] for n in names if n in fid]
         diag = [r.get("diagnostics") or {} for r in records]
-        kv = _agg([r["kv_cache_bytes"] for r in records])
-        eff = None
-        if kv and ref_bytes and ref_bytes["mean"]:
-            eff = ref_bits * kv["mean"] / ref_bytes["mean"]
-        lpips_status = next((s.get("lpips_status") for s in scores if s.get("lpips") is None), None)
+        kv = Stat.of([r["kv_cache_bytes"] for r in records])
+        eff = ref_bits * kv.mean / ref_bytes.mean if kv and ref_bytes and ref_bytes.mean else None
+        ref = vid == REFERENCE
         rows.append(
-            {
-                "variant": vid,
-                "label": reference_label(run) if vid == REFERENCE else spec.label,
-                "quantizer": spec.quantizer,
-                "bits": spec.bits,
-                "group_size": None if vid == REFERENCE else spec.group_size,
-                "effective_bits": eff,
-                "corrected": spec.correction != "none",
-                "correction": spec.correction,
-                "keys": spec.keys,
-                "values": spec.values,
-                "bias_only": spec.bias_only,
-                "psnr": _agg([s["psnr"] for s in scores]),
-                "ssim": _agg([s["ssim"] for s in scores]),
-                "lpips": _agg([s.get("lpips") for s in scores]),
-                "lpips_status": lpips_status,
-                "delta_ps": _agg([d.get("delta_ps") for d in diag]),
-                "jsd": _agg([d.get("jsd") for d in diag]),
-                "out_mse": _agg([d.get("out_mse") for d in diag]),
-                "noise_var_ratio": _agg(
+            ResultRow(
+                variant=vid,
+                label=reference_label(run) if ref else spec.label,
+                quantizer=spec.quantizer,
+                bits=spec.bits,
+                group_size=None if ref else spec.group_size,
+                effective_bits=eff,
+                corrected=spec.correction_.active and not spec.bias_only,
+                correction=spec.correction,
+                keys=spec.keys,
+                values=spec.values,
+                bias_only=spec.bias_only,
+                psnr=Stat.of([s["psnr"] for s in scores]),
+                ssim=Stat.of([s["ssim"] for s in scores]),
+                lpips=Stat.of([s.get("lpips") for s in scores]),
+                lpips_status=next(
+                    (s.get("lpips_status") for s in scores if s.get("lpips") is None), None
+                ),
+                delta_ps=Stat.of([d.get("delta_ps") for d in diag]),
+                jsd=Stat.of([d.get("jsd") for d in diag]),
+                out_mse=Stat.of([d.get("out_mse") for d in diag]),
+                noise_var_ratio=Stat.of(
                     [
                         d["noise_measured_var"] / d["noise_predicted_var"]
                         for d in diag
                         if d.get("noise_predicted_var")
                     ]
                 ),
-                # mean of δ/σ over cached scores: 0 if the rounding noise is zero-mean
-                "noise_z_mean": _agg([d.get("noise_z_mean") for d in diag]),
-                "kv_cache_bytes": None if kv is None else round(kv["mean"]),
-                "seconds": _agg([r["seconds"] for r in records]),
-                "videos": len(records),
-                "vbench": vbench.get(vid),
-            }
+                noise_z_mean=Stat.of([d.get("noise_z_mean") for d in diag]),
+                kv_cache_bytes=None if kv is None else round(kv.mean),
+                seconds=Stat.of([r["seconds"] for r in records]),
+                videos=len(records),
+                vbench=vbench.get(vid),
+            )
         )
     return rows
 
 
-def paired_differences(run: RunDir, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per quantizer/bits/group: PSNR(corrected) − PSNR(uncorrected), paired per video, and the
+def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any]]:
+    """Per method/bits/group: PSNR(corrected) − PSNR(uncorrected), paired per video, and the
     share of the INT_low → INT_high gap it recovers."""
-    by_key = {
-        (r["quantizer"], r["bits"], r["group_size"], r["correction"]): r
-        for r in rows
-        if r["keys"] and r["values"] and not r["bias_only"]
-    }
+    by_key = {(r.quantizer, r.bits, r.group_size, r.correction): r for r in rows if r.full}
     out = []
     for (q, b, g, c), row in by_key.items():
         base = by_key.get((q, b, g, "none"))
         if c == "none" or base is None:
             continue
-        diff = _paired(run, base["variant"], row["variant"], "psnr")
+        diff = _paired(run, base.variant, row.variant, "psnr")
         higher = [
             r for k, r in by_key.items() if k[0] == q and k[2] == g and k[1] > b and k[3] == "none"
         ]
         gap = None
-        if higher and base["psnr"] and higher[0]["psnr"]:
-            gap = higher[0]["psnr"]["mean"] - base["psnr"]["mean"]
-        recovered = diff["mean"] / gap if diff and gap else None
+        if higher and base.psnr and higher[0].psnr:
+            gap = higher[0].psnr.mean - base.psnr.mean
+        recovered = diff.mean / gap if diff and gap else None
         out.append(
             {
                 "quantizer": q,
                 "bits": b,
                 "group_size": g,
                 "correction": c,
-                "psnr_gain": diff,
-                "gap_to": higher[0]["variant"] if higher else None,
+                "psnr_gain": None if diff is None else diff.to_dict(),
+                "gap_to": higher[0].variant if higher else None,
                 "gap_db": gap,
                 "recovered_fraction": recovered,
             }
@@ -154,27 +138,27 @@ def paired_differences(run: RunDir, rows: list[dict[str, Any]]) -> list[dict[str
     return out
 
 
-def _paired(run: RunDir, vid_a: str, vid_b: str, metric: str) -> dict[str, Any] | None:
+def _paired(run: RunDir, vid_a: str, vid_b: str, metric: str) -> Stat | None:
     a, b = run.read_metrics("fidelity", vid_a), run.read_metrics("fidelity", vid_b)
-    return _agg([b[n][metric] - a[n][metric] for n in sorted(set(a) & set(b))])
+    return Stat.of([b[n][metric] - a[n][metric] for n in sorted(set(a) & set(b))])
 
 
 # --- rendering ----------------------------------------------------------------------------------
 
 
-def _fmt(m: dict[str, Any] | None, digits: int, signed: bool = False) -> str:
-    if not m or m["mean"] is None:
+def _fmt(m: Stat | dict[str, Any] | None, digits: int, signed: bool = False) -> str:
+    if isinstance(m, dict):
+        m = Stat.from_dict(m, "value") if m.get("mean") is not None else None
+    if m is None:
         return "—"
     sign = "+" if signed else ""
-    text = f"{m['mean']:{sign}.{digits}f}"
-    return text + (f" ± {m['se']:.{digits}f}" if m.get("se") is not None else "")
+    text = f"{m.mean:{sign}.{digits}f}"
+    return text + (f" ± {m.se:.{digits}f}" if m.se is not None else "")
 
 
-def _best(rows: list[dict[str, Any]], key: str, lower: bool, absolute: bool = False) -> str | None:
+def _best(rows: list[ResultRow], key: str, lower: bool, absolute: bool = False) -> str | None:
     cands = [
-        (r[key]["mean"], r["variant"])
-        for r in rows
-        if r["variant"] != REFERENCE and r.get(key) and r[key]["mean"] is not None
+        (r.mean(key), r.variant) for r in rows if not r.is_reference and r.mean(key) is not None
     ]
     if not cands:
         return None
@@ -182,7 +166,7 @@ def _best(rows: list[dict[str, Any]], key: str, lower: bool, absolute: bool = Fa
     return (min if lower else max)(cands, key=fn)[1]
 
 
-def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]], dict]:
+def table_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[str]], dict]:
     """Column names, cell strings and which cells are the best per column."""
     cols = [
         "variant",
@@ -203,36 +187,37 @@ def table_cells(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]],
         "LPIPS ↓": _best(rows, "lpips", True),
         "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
     }
-    dims = sorted({d for r in rows if r.get("vbench") for d in r["vbench"]["dimensions"]})
+    dims = sorted({d for r in rows if r.vbench for d in r.vbench.get("dimensions", {})})
     if dims:
         cols += [f"VB {d}" for d in dims] + ["VB quality"]
     cells = []
     for r in rows:
-        ref = r["variant"] == REFERENCE
-        lp = _fmt(r["lpips"], 4) if r["lpips"] else ("—" if ref else "n/a")
-        cells.append(
-            [
-                r["label"],
-                "—"
-                if ref
-                else r["quantizer"]
-                + ("" if r["keys"] and r["values"] else (" K-only" if r["keys"] else " V-only"))
-                + (" bias-only" if r["bias_only"] else ""),
-                str(round(r["effective_bits"])) if ref and r["effective_bits"] else str(r["bits"]),
-                "—" if r["effective_bits"] is None else f"{r['effective_bits']:.3f}",
-                "—" if ref else (r["correction"] if r["corrected"] else "no"),
-                "ref" if ref else _fmt(r["psnr"], 2),
-                "ref" if ref else _fmt(r["ssim"], 4),
-                "ref" if ref else lp,
-                "—" if ref else _fmt(r["delta_ps"], 4, signed=True),
-                "—" if r["kv_cache_bytes"] is None else f"{r['kv_cache_bytes'] / 2**20:.3f}",
-                _fmt(r["seconds"], 2),
-            ]
-        )
+        ref = r.is_reference
+        lp = _fmt(r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
+        eff = r.effective_bits
+        scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
+        row = [
+            r.label,
+            "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
+            str(round(eff)) if ref and eff else str(r.bits),
+            "—" if eff is None else f"{eff:.3f}",
+            "—" if ref else (r.correction if r.corrected else "no"),
+            "ref" if ref else _fmt(r.psnr, 2),
+            "ref" if ref else _fmt(r.ssim, 4),
+            "ref" if ref else lp,
+            "—" if ref else _fmt(r.delta_ps, 4, signed=True),
+            "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
+            _fmt(r.seconds, 2),
+        ]
+        if dims:
+            vb = r.vbench or {}
+            row += [_fmt(vb.get("dimensions", {}).get(d), 4) for d in dims]
+            row.append("—" if vb.get("quality") is None else f"{vb['quality']:.4f}")
+        cells.append(row)
     return cols, cells, best
 
 
-def rich_table(rows: list[dict[str, Any]], title: str) -> Table:
+def rich_table(rows: list[ResultRow], title: str) -> Table:
     cols, cells, best = table_cells(rows)
     table = Table(title=title, title_justify="left")
     for c in cols:
@@ -244,28 +229,28 @@ def rich_table(rows: list[dict[str, Any]], title: str) -> Table:
     for r, row_cells in zip(rows, cells, strict=True):
         styled = []
         for c, text in zip(cols, row_cells, strict=True):
-            styled.append(f"[bold green]{text}[/]" if best.get(c) == r["variant"] else text)
-        table.add_row(*styled, style="bold" if r["variant"] == REFERENCE else None)
+            styled.append(f"[bold green]{text}[/]" if best.get(c) == r.variant else text)
+        table.add_row(*styled, style="bold" if r.is_reference else None)
     return table
 
 
-def lpips_note(rows: list[dict[str, Any]]) -> str | None:
-    return next((r["lpips_status"] for r in rows if r.get("lpips_status")), None)
+def lpips_note(rows: list[ResultRow]) -> str | None:
+    return next((r.lpips_status for r in rows if r.lpips_status), None)
 
 
-def to_markdown(rows: list[dict[str, Any]]) -> str:
+def to_markdown(rows: list[ResultRow]) -> str:
     cols, cells, best = table_cells(rows)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r, row_cells in zip(rows, cells, strict=True):
         marked = [
-            f"**{t}**" if best.get(c) == r["variant"] else t
+            f"**{t}**" if best.get(c) == r.variant else t
             for c, t in zip(cols, row_cells, strict=True)
         ]
         lines.append("| " + " | ".join(marked) + " |")
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: list[dict[str, Any]]) -> str:
+def to_csv(rows: list[ResultRow]) -> str:
     buf = io.StringIO()
     fields = [
         "variant",
@@ -285,15 +270,15 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
         + ["kv_cache_bytes", "videos"]
     )
     for r in rows:
-        vals = [r[f] for f in fields]
+        vals = [getattr(r, f) for f in fields]
         for m in metrics:
-            agg = r.get(m) or {}
-            vals += [agg.get("mean"), agg.get("se"), agg.get("n")]
-        writer.writerow([*vals, r["kv_cache_bytes"], r["videos"]])
+            stat = getattr(r, m)
+            vals += [None, None, None] if stat is None else [stat.mean, stat.se, stat.n]
+        writer.writerow([*vals, r.kv_cache_bytes, r.videos])
     return buf.getvalue()
 
 
-def to_json(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     """The machine-readable result (also the regression gate's baseline format).
 
     ``videos``: the (prompt, seed) pairs of the reference videos, sorted.
@@ -305,6 +290,6 @@ def to_json(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "settings": run.manifest.get("settings"),
         "reference_precision": reference_label(run),
         "videos": [list(v) for v in videos],
-        "rows": rows,
+        "rows": [r.to_dict() for r in rows],
         "correction_gains": paired_differences(run, rows),
     }

@@ -29,51 +29,18 @@ import torch
 from jbkv_cli import __version__
 from jbkv_cli.atomic import check_writable_dir, remove_stale_temps, write_text_atomic
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
 from jbkv_cli.models.base import Video
-from jbkv_cli.quant.spec import KVSpec
 from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
 
 MANIFEST = "manifest.json"
-REFERENCE = "bf16"
+REFERENCE = REFERENCE_ID
 LOSSLESS_SUFFIX = ".mkv"
 
 
 def variant_id(spec: KVSpec) -> str:
     """A file-safe name that determines the spec, e.g. ``int2-quarot-g32-taylor``."""
-    if spec.bits == 16:
-        return REFERENCE
-    parts = [f"int{spec.bits}", spec.quantizer, f"g{spec.group_size}"]
-    if not (spec.keys and spec.values):
-        parts.append("konly" if spec.keys else "vonly")
-    if spec.bias_only:
-        parts.append("biasonly")
-    if spec.correction != "none":
-        parts.append(spec.correction)
-    if spec.quantizer == "quarot" and spec.rotation_seed:
-        parts.append(f"rs{spec.rotation_seed}")
-    if spec.quantizer == "quarot" and spec.rotation_block:
-        parts.append(f"rb{spec.rotation_block}")
-    if spec.sink_chunks:
-        parts.append(f"sink{spec.sink_chunks}")
-    return "-".join(parts)
-
-
-def table_order(spec: KVSpec) -> tuple:
-    """Sort key of a variant in tables (see :meth:`RunDir.variants`)."""
-    quantizers = ("none", "rtn", "quarot")
-    corrections = ("none", "taylor", "exact")
-    ablation = (not spec.keys) + 2 * (not spec.values) + 4 * spec.bias_only
-    return (
-        spec.bits != 16,
-        quantizers.index(spec.quantizer),
-        spec.group_size,
-        -spec.bits,
-        ablation,
-        corrections.index(spec.correction),
-        spec.rotation_seed,
-        spec.rotation_block or 0,
-        spec.sink_chunks,
-    )
+    return spec.variant_id
 
 
 def video_name(prompt: str, index: int) -> str:
@@ -150,8 +117,10 @@ def parse_record(data: Any, path: Path) -> dict[str, Any]:
 def parse_spec(data: Any, path: Path) -> KVSpec:
     """The :class:`KVSpec` stored in ``variant.json``; a one-line error when it is not one."""
     try:
-        return KVSpec(**data)
-    except (TypeError, ValueError) as exc:
+        if not isinstance(data, dict):
+            raise TypeError("not an object")
+        return KVSpec.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise JbkvError(f"{path} is not a jbkv variant (damaged or edited?)") from exc
 
 
@@ -254,8 +223,8 @@ class RunDir:
         vid = variant_id(spec)
         path = self.variant_dir(vid) / "variant.json"
         if path.exists():
-            stored = _read_json(path)
-            if stored != spec.to_dict():
+            stored = parse_spec(_read_json(path), path)
+            if stored != spec:
                 raise JbkvError(f"{path} holds a different KV spec than {spec.label!r}")
         else:
             _write_json(path, spec.to_dict())
@@ -270,7 +239,7 @@ class RunDir:
             return out
         for path in sorted(base.glob("*/variant.json")):
             out[path.parent.name] = parse_spec(_read_json(path), path)
-        return dict(sorted(out.items(), key=lambda kv: table_order(kv[1])))
+        return dict(sorted(out.items(), key=lambda kv: kv[1].sort_key()))
 
     # --- videos -------------------------------------------------------------------------------
 

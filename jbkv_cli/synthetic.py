@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jbkv_cli.attention import record_attention
-from jbkv_cli.quant import KVSpec
-from jbkv_cli.quant.cache import ChunkKVCache
+from jbkv_cli.attention import AttentionRecorder
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 
 
 @dataclass(frozen=True)
@@ -42,10 +41,10 @@ def synthetic_row(spec: KVSpec, cfg: SyntheticConfig = SyntheticConfig()) -> dic
     """ΔP_S, JSD and output MSE of one variant on the synthetic problem."""
     q, kc, vc, k, v = synthetic_problem(cfg)
     scale = cfg.head_dim**-0.5
-    with record_attention(max_queries=cfg.current, every=1) as rec:
-        cache = ChunkKVCache(spec)
-        cache.commit(kc, vc)
-        cache.attend(q, k, v, scale)
+    rec = AttentionRecorder(max_queries=cfg.current, every=1)
+    cache = ChunkKVCache(spec, observer=rec)
+    cache.commit(kc, vc)
+    cache.attend(q, k, v, scale)
     summary = rec.summary()
-    bits = 16 if spec.bits == 16 else cache.nbytes * 8 / (2 * kc.numel())
+    bits = 16 if spec.is_reference else cache.nbytes * 8 / (2 * kc.numel())
     return {"variant": spec.label, "effective_bits": bits, **summary}

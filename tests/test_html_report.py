@@ -88,7 +88,7 @@ def test_every_link_is_relative_and_resolves_to_a_file(tiny_run):
 
 def test_video_rows_put_the_headline_variants_first(tiny_run):
     run = RunDir.open(tiny_run)
-    assert [r["variant"] for r in video_order(build_rows(run))][:4] == HEADLINE
+    assert [r.variant for r in video_order(build_rows(run))][:4] == HEADLINE
     page = _parse(tiny_run / "report" / "index.html")
     figures = [a["data-variant"] for t, a in page.tags if t == "figure" and "data-variant" in a]
     assert figures[:5] == [*HEADLINE, "int4-rtn-g32-taylor"]

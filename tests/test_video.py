@@ -159,10 +159,10 @@ _ENCODE_TWICE = """
 import hashlib, sys, torch
 from jbkv_cli import video
 from jbkv_cli.models.registry import load_model
-from jbkv_cli.quant.spec import KVSpec
+from jbkv_cli.kvcache.spec import KVSpec
 model = load_model("tiny", num_chunks=2, steps=2)
 prompt = "a red circle moves right on a dark background"
-frames = model.generate(prompt, 0, KVSpec("rtn", 2)).frames
+frames = model.generate(prompt, 0, KVSpec.build("rtn", 2)).frames
 write = video.write_video_mp4 if sys.argv[1] == ".mp4" else video.write_video_lossless
 for i in range(2):
     path = sys.argv[2] + str(i) + sys.argv[1]

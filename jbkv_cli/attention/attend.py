@@ -9,7 +9,8 @@ One entry point, :func:`attend`, and three backends behind a registry by name:
 
 The exact correction (and the bias-only ablation, which *adds* the exact bias) is not a bilinear
 form, so every backend computes it with a float mask built one query block at a time
-(``masked``), holding at most ``block × Lk`` scores per head.
+(``masked``), holding at most ``block × Lk`` scores per head. ``correction`` is a name or a
+:class:`~jbkv_cli.attention.correction.Correction`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
-    CORRECTIONS,
+    Correction,
     build_augmented,
+    get_correction,
     group_sq_norms,
     jensen_bias,
 )
@@ -39,15 +41,14 @@ class CachedKV:
 
     ``k_step`` ``[B, Hkv, Lc, G]`` holds the stored key steps Δ (zeros for keys kept in full
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
-    rotated basis. ``inject``: bias-only ablation, add the predicted bias instead of removing it.
-    ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics are recorded.
+    rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
+    are recorded.
     """
 
     k: torch.Tensor
     v: torch.Tensor
     k_step: torch.Tensor | None = None
     rotation: RandomHadamard | None = None
-    inject: bool = False
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
 
@@ -184,29 +185,26 @@ def attend(
     cached: CachedKV | tuple[QuantizedTensor, QuantizedTensor] | None = None,
     *,
     scale: float,
-    correction: str = "taylor",
+    correction: str | Correction = "taylor",
     backend: str | None = None,
 ) -> torch.Tensor:
     """``softmax(τ q [k̂_cached | k_cur]ᵀ − b) [v̂_cached | v_cur]`` -> ``[B, Hq, Lq, D]``.
 
-    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact`` or ``none``) on cached keys
-    whose step Δ is known, 0 on current keys. Keys are concatenated cached-first.
+    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``none``, or ``bias-only``,
+    which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys are
+    concatenated cached-first.
     """
-    if correction not in CORRECTIONS:
-        raise ValueError(f"correction must be one of {CORRECTIONS}, got {correction!r}")
+    corr = get_correction(correction)
     if isinstance(cached, tuple):
         cached = CachedKV.from_quantized(*cached)
     _check_shapes(q, k_cur, v_cur, cached)
     if cached is None or cached.num_tokens == 0:
         return sdpa(q, k_cur, v_cur, scale)
-    method, sign = correction, -1.0
-    if cached.inject:
-        method, sign = "exact", 1.0
-    if cached.k_step is None or method == "none":
+    if cached.k_step is None or not corr.active:
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale)
-    if method == "exact":
-        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", sign)
+    if corr.form == "exact":
+        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", corr.sign)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](q, k_cur, v_cur, cached, scale, sign)
+    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign)

@@ -14,15 +14,78 @@ it in expectation:
 Shapes: ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` with ``G = D/g``; GQA maps query
 head ``h`` to KV head ``h // (Hq/Hkv)``. With a rotation ``R`` the noise lives in the rotated
 basis, so ``q`` is replaced by ``R q`` before grouping.
+
+Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correction`:
+
+- ``none``: scores as the quantized keys give them.
+- ``taylor`` (default): subtract the second-order bias; a bilinear form, so it rides inside any
+  attention kernel as extra channels (:func:`augment_taylor`).
+- ``exact``: subtract ``Σ_c log(sinh α/α)``.
+- ``bias-only`` (an ablation): keep the cache in full precision but *add* the exact bias the
+  method's steps predict, isolating the Jensen bias from the rounding noise.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from jbkv_cli.quant.rotation import RandomHadamard
 
-CORRECTIONS = ("none", "taylor", "exact")
+
+@dataclass(frozen=True)
+class Correction:
+    """What to do to cached scores: ``sign · b`` added, with ``b`` in the ``form`` given.
+
+    ``quantizes``: whether the cache stores quantized keys (False for the bias-only ablation,
+    whose cache stays exact while the predicted bias is injected). ``ablation``: not offered by
+    ``--corrections`` (it is an ``--ablations`` choice).
+    """
+
+    name: str
+    form: str | None = None  # "taylor", "exact" or None (nothing added)
+    sign: float = -1.0
+    quantizes: bool = True
+    ablation: bool = False
+    summary: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.form is not None
+
+    @property
+    def id(self) -> str:
+        """The variant-id part (``taylor``, ``biasonly``; empty for ``none``)."""
+        return "" if self.name == "none" else self.name.replace("-", "")
+
+
+CORRECTIONS: dict[str, Correction] = {
+    c.name: c
+    for c in (
+        Correction("none", summary="no correction"),
+        Correction("taylor", "taylor", summary="subtract (τ²/24) Σ_j Δ_ij² ‖q_j‖²"),
+        Correction("exact", "exact", summary="subtract Σ_c log(sinh α_ic / α_ic)"),
+        Correction(
+            "bias-only",
+            "exact",
+            sign=1.0,
+            quantizes=False,
+            ablation=True,
+            summary="exact cache, predicted bias added (ablation)",
+        ),
+    )
+}
+FORMS = ("none", "taylor", "exact")
+
+
+def get_correction(name: str | Correction) -> Correction:
+    """The correction registered as ``name`` (``ValueError`` when unknown)."""
+    if isinstance(name, Correction):
+        return name
+    if name not in CORRECTIONS:
+        raise ValueError(f"correction must be one of {tuple(CORRECTIONS)}, got {name!r}")
+    return CORRECTIONS[name]
 
 
 def _expand_kv_heads(t: torch.Tensor, q_heads: int) -> torch.Tensor:
@@ -155,8 +218,8 @@ def jensen_bias(
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
     -> ``[..., Hq, Lq, Lk]``; ``method`` is ``taylor``, ``exact`` or ``none`` (zeros)."""
-    if method not in CORRECTIONS:
-        raise ValueError(f"method must be one of {CORRECTIONS}, got {method!r}")
+    if method not in FORMS:
+        raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
         raise ValueError(
             f"step has {step.shape[-1]} groups, which does not divide the head dim {q.shape[-1]}"

@@ -7,22 +7,44 @@
   mean 0 and variance ``σ_i² = (τ²/12) Σ_j Δ_ij² ‖q_j‖²``: ``z = δ/σ`` should have mean ≈ 0 and
   variance ≈ 1 if the noise is uniform and independent, as the analysis assumes.
 
-:func:`record_attention` installs an :class:`AttentionRecorder` for a block of code;
-:class:`~jbkv_cli.quant.cache.ChunkKVCache` feeds it on every ``attend`` while it is active.
+:class:`AttentionRecorder` is an *observer*: hand it to a model's ``generate`` (which hands it to
+every layer's :class:`~jbkv_cli.kvcache.ChunkKVCache`), and each cache feeds it every ``every``-th
+attention call with the full-precision copy of what it read.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from jbkv_cli.attention.attend import CachedKV
-from jbkv_cli.attention.correction import _expand_kv_heads, jensen_bias, taylor_bias
+from jbkv_cli.attention.correction import (
+    Correction,
+    _expand_kv_heads,
+    get_correction,
+    jensen_bias,
+    taylor_bias,
+)
+
+
+class AttentionObserver(Protocol):
+    """What a cache calls: ``observe`` every ``every``-th attention call of a layer, with the
+    full-precision keys and values of the cached tokens in ``cached.k_ref``/``v_ref``."""
+
+    every: int
+
+    def observe(
+        self,
+        q: torch.Tensor,
+        k_cur: torch.Tensor,
+        v_cur: torch.Tensor,
+        cached: CachedKV,
+        scale: float,
+        correction: Correction,
+    ) -> None: ...
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -93,10 +115,11 @@ def compare_attention(
     v_cur: torch.Tensor,
     cached: CachedKV,
     scale: float,
-    correction: str,
+    correction: str | Correction,
     block: int = 128,
 ) -> AttentionStats:
     """Attention of ``q`` as the variant does it vs with the full-precision cache, per query."""
+    corr = get_correction(correction)
     if cached.k_ref is None:
         raise ValueError("compare_attention needs the full-precision copy (cached.k_ref)")
     lc = cached.num_tokens
@@ -105,15 +128,12 @@ def compare_attention(
     k_ref = torch.cat([cached.k_ref.float(), k_cur.float()], -2)
     v_ref = torch.cat([cached.v_ref.float(), v_cur.float()], -2)
     v_hat, v_ref = (_expand_kv_heads(t, q.shape[-3]) for t in (v_hat, v_ref))
-    method, sign = correction, -1.0
-    if cached.inject:
-        method, sign = "exact", 1.0
     parts: list[list[torch.Tensor]] = [[], [], [], []]
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
         bias = None
-        if cached.k_step is not None and method != "none":
-            bias = sign * jensen_bias(qb, cached.k_step, scale, method, cached.rotation)
+        if cached.k_step is not None and corr.active:
+            bias = corr.sign * jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation)
         p_hat = attention_rows(qb, k_hat, scale, bias)
         p_ref = attention_rows(qb, k_ref, scale)
         o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
@@ -135,16 +155,16 @@ class AttentionRecorder:
     noise: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
 
-    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction: str) -> None:
+    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction) -> None:
         start = time.perf_counter()
-        self._observe(q, k_cur, v_cur, cached, scale, correction)
+        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction))
         self.seconds += time.perf_counter() - start
 
-    def _observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction: str) -> None:
+    def _observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction) -> None:
         stride = max(1, -(-q.shape[-2] // self.max_queries))
         qs = q[..., ::stride, :]
-        self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, correction))
-        if self.noise_model and cached.k_step is not None and not cached.inject:
+        self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, corr))
+        if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
                 score_noise(qs, cached.k_ref, cached.k, cached.k_step, scale, cached.rotation)
             )
@@ -174,30 +194,3 @@ class AttentionRecorder:
             for key in self.noise[0]:
                 out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)
         return out
-
-
-_RECORDER: contextvars.ContextVar[AttentionRecorder | None] = contextvars.ContextVar(
-    "jbkv_attention_recorder", default=None
-)
-
-
-def active_recorder() -> AttentionRecorder | None:
-    """The recorder installed by the innermost :func:`record_attention`, if any."""
-    return _RECORDER.get()
-
-
-@contextlib.contextmanager
-def record_attention(
-    max_queries: int = 32, noise_model: bool = True, every: int = 2
-) -> Iterator[AttentionRecorder]:
-    """``with record_attention() as rec: model.generate(...)``; then ``rec.summary()``.
-
-    Each layer's cache reports every ``every``-th attention call, ``max_queries`` (strided)
-    queries of it: enough for means and histograms at a fraction of the cost.
-    """
-    rec = AttentionRecorder(max_queries, noise_model, every)
-    token = _RECORDER.set(rec)
-    try:
-        yield rec
-    finally:
-        _RECORDER.reset(token)

@@ -10,7 +10,9 @@ import typer
 
 from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
 from jbkv_cli.commands.options import (
+    CLI_CORRECTIONS,
     DeviceOpt,
+    MethodOptionOpt,
     ModelOptionOpt,
     NumChunksOpt,
     PromptOpt,
@@ -22,6 +24,7 @@ from jbkv_cli.commands.options import (
     model_options,
     parse_group_sizes,
     parse_list,
+    parse_method_options,
     parse_seeds,
     read_prompt_items,
 )
@@ -29,15 +32,10 @@ from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, score_fidelity
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, check_prompts, load_model
-from jbkv_cli.quant.spec import (
-    CORRECTIONS,
-    FULL_PRECISION,
-    QUANTIZER_NAMES,
-    SUPPORTED_BITS,
-    KVSpec,
-)
+from jbkv_cli.quant.registry import method_names
 from jbkv_cli.report import (
     build_rows,
     lpips_note,
@@ -73,17 +71,25 @@ def _prompt_items(
     return items
 
 
-def _check_group_size(model: VideoModel, group_sizes: list[int]) -> None:
+def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
+    """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks)."""
     head_dim = model.settings.get("head_dim")
     if head_dim is None:
         return
-    bad = [g for g in group_sizes if g < 1 or head_dim % g]
-    if bad:
-        allowed = [g for g in (8, 16, 32, 64, 128, 256) if g <= head_dim and head_dim % g == 0]
-        raise UsageError(
-            f"group size {bad[0]} does not divide {model.name}'s head dim {head_dim} "
-            f"(allowed: {', '.join(map(str, allowed))})"
-        )
+    for spec in specs:
+        for method in {spec.key, spec.value} - {None}:
+            try:
+                method.check(head_dim)
+            except ValueError as exc:
+                raise UsageError(f"{method.label} on {model.name}: {exc}") from None
+
+
+def _spec(*args: Any, **kwargs: Any) -> KVSpec:
+    """:meth:`KVSpec.build`, with a bad combination as a usage error."""
+    try:
+        return KVSpec.build(*args, **kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _summary_line(summary, run: RunDir) -> None:
@@ -100,7 +106,7 @@ def generate(
         str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")
     ] = DEFAULT_MODEL,
     bits: Annotated[
-        int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8, or 16 (reference).")
+        int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8 (per method), or 16.")
     ] = 16,
     bf16: Annotated[bool, typer.Option("--bf16", help="Same as --bits 16.")] = False,
     correct: Annotated[
@@ -109,10 +115,13 @@ def generate(
     correction: Annotated[
         str, typer.Option(help="Correction used by --correct: taylor or exact.")
     ] = "taylor",
-    quantizer: Annotated[str, typer.Option("--quantizer", "-q", help="rtn or quarot.")] = "rtn",
+    quantizer: Annotated[
+        str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")
+    ] = "rtn",
     group_size: Annotated[
-        int, typer.Option("--group-size", "-g", help="Channels per quantization group.")
+        int, typer.Option("--group-size", "-g", help="Group size of the method (channels).")
     ] = 32,
+    method_option: MethodOptionOpt = None,
     ablation: Annotated[
         str | None, typer.Option(help="keys-only, values-only or bias-only.")
     ] = None,
@@ -142,14 +151,15 @@ def generate(
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
     _check_model(model)
     bits = 16 if bf16 else bits
-    if bits not in SUPPORTED_BITS:
-        raise UsageError(f"--bits must be one of {', '.join(map(str, SUPPORTED_BITS))}, got {bits}")
+    if bits not in (2, 3, 4, 8, 16):
+        raise UsageError(f"--bits must be one of 2, 3, 4, 8, 16, got {bits}")
     if correction not in ("taylor", "exact"):
         raise UsageError(f"--correction must be taylor or exact, got {shown(correction)}")
-    if quantizer not in QUANTIZER_NAMES[1:]:
+    if quantizer not in method_names():
         raise UsageError(
-            f"--quantizer must be one of {', '.join(QUANTIZER_NAMES[1:])}, got {shown(quantizer)}"
+            f"--quantizer must be one of {', '.join(method_names())}, got {shown(quantizer)}"
         )
+    options = parse_method_options(method_option, method_names())
     if bits == 16 and (correct or ablation):
         raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
     if ablation is not None and ablation not in ABLATIONS:
@@ -161,11 +171,11 @@ def generate(
     if bits == 16:
         spec = FULL_PRECISION
     else:
-        kw = ABLATIONS.get(ablation or "", {})
-        spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
+        kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
+        spec = _spec(quantizer, bits, group_size, correction if correct else "none", **kw)
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     m = _load(model, model_options(weights, num_chunks, steps, window, device, model_option))
-    _check_group_size(m, [group_size] if bits < 16 else [])
+    _check_specs(m, [spec])
     run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
@@ -180,7 +190,10 @@ def quantize_eval(
     group_sizes: Annotated[
         str, typer.Option("--group-sizes", help="Group sizes, e.g. 32,64.")
     ] = "32",
-    quantizers: Annotated[str, typer.Option(help="Quantizers: rtn,quarot.")] = "rtn,quarot",
+    quantizers: Annotated[
+        str, typer.Option(help=f"Methods (comma list, or all): {', '.join(method_names())}.")
+    ] = "rtn,quarot",
+    method_option: MethodOptionOpt = None,
     corrections: Annotated[
         str, typer.Option(help="Corrections: none,taylor,exact.")
     ] = "none,taylor",
@@ -220,11 +233,20 @@ def quantize_eval(
     diagnostics, then the table. With no arguments it runs on the embedded model."""
     bit_list = parse_list(bits, (2, 3, 4, 8), "bits", int)
     groups = parse_group_sizes(group_sizes)
-    quant_list = parse_list(quantizers, QUANTIZER_NAMES[1:], "quantizers")
-    corr_list = parse_list(corrections, CORRECTIONS, "corrections")
+    names_all = method_names()
+    quant_list = (
+        list(names_all)
+        if quantizers.strip() == "all"
+        else parse_list(quantizers, names_all, "quantizers")
+    )
+    corr_list = parse_list(corrections, CLI_CORRECTIONS, "corrections")
     abl_list = parse_list(ablations, tuple(ABLATIONS), "ablations") if ablations.strip() else []
     seed_list = parse_seeds(seeds)
-    specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list)
+    options = parse_method_options(method_option, names_all)
+    try:
+        specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list, options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
         _check_model(name)
@@ -234,7 +256,7 @@ def quantize_eval(
     results = []
     for name, items in work.items():
         m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
-        _check_group_size(m, groups)
+        _check_specs(m, specs)
         root = out_dir / name
         run = RunDir.create_or_resume(root, name, m.settings)
         summary = generate_all(m, run, specs, items)

@@ -35,6 +35,14 @@ WindowOpt = Annotated[
 DeviceOpt = Annotated[
     str | None, typer.Option("--device", help="cpu or cuda (default: cuda when available).")
 ]
+MethodOptionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--method-option",
+        "-M",
+        help="Method option METHOD.KEY=VALUE (repeatable), e.g. quarot.seed=1.",
+    ),
+]
 ModelOptionOpt = Annotated[
     list[str] | None,
     typer.Option("--model-option", "-o", help="Model-specific KEY=VALUE (repeatable)."),
@@ -42,6 +50,7 @@ ModelOptionOpt = Annotated[
 
 
 MAX_SEEDS = 10_000
+CLI_CORRECTIONS = ("none", "taylor", "exact")  # bias-only is an --ablations choice
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
@@ -173,6 +182,23 @@ def model_options(
             raise UsageError(f"bad --model-option {item!r}: use KEY=VALUE")
         opts[key.strip().replace("-", "_")] = _coerce(value.strip())
     return opts
+
+
+def parse_method_options(items: list[str] | None, methods: tuple[str, ...]) -> dict[str, dict]:
+    """``["quarot.seed=1", "qvg.centroids=16"]`` -> ``{"quarot": {"seed": 1}, ...}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        target, sep, value = item.partition("=")
+        name, dot, key = target.strip().rpartition(".")
+        if not sep or not dot or not key:
+            raise UsageError(f"bad --method-option {shown(item)}: use METHOD.KEY=VALUE")
+        if name not in methods:
+            raise UsageError(
+                f"--method-option {shown(item)}: unknown method {name!r} "
+                f"(known: {', '.join(methods)})"
+            )
+        out.setdefault(name, {})[key.replace("-", "_")] = _coerce(value.strip())
+    return out
 
 
 def resolve_device(device: str | None) -> str:

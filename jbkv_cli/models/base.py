@@ -8,7 +8,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from jbkv_cli.quant.spec import KVSpec
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache.spec import KVSpec
 
 ProgressFn = Callable[[int, int], None]
 """Called as ``progress(done_chunks, total_chunks)`` after each finished chunk."""
@@ -48,6 +49,9 @@ class VideoModel(Protocol):
         kv: KVSpec,
         *,
         progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ) -> Video:
-        """Generate one video. Same (prompt, seed, settings) => same initial noise for any ``kv``."""
+        """Generate one video. Same (prompt, seed, settings) => same initial noise for any ``kv``.
+
+        ``observer`` (diagnostics) is handed to every layer's cache."""
         ...

@@ -1,139 +1,59 @@
-"""Group-wise per-token asymmetric round-to-nearest (RTN) quantization, with bit packing.
+"""RTN: group-wise per-token asymmetric round-to-nearest (the paper's default quantizer).
 
-For token ``i`` and channel group ``j`` (``g`` channels), with ``B`` bits::
+Each token's ``D`` channels are split into groups of ``g = group_size``; per group a step ``Δ``
+(FP8 E4M3) and a zero point ``z`` (BF16) are stored with the ``B``-bit codes, bit-packed, so
+``B_eff = B + (8 + 16)/g`` (see :mod:`jbkv_cli.quant.groupwise` for the formulas). Two grids:
 
-    z_ij = round_down_bf16(min_c x_c)                  zero point, stored as BF16
-    Δ_ij = round_up_fp8((max_c x_c − z_ij) / (2^B − 1))  step, stored as FP8 E4M3
-    c    = clamp(round((x − z_ij) / Δ_ij), 0, 2^B − 1)  code, bit-packed into uint8
-    x̂    = c · Δ_ij + z_ij
-
-Rounding ``z`` down and ``Δ`` up (instead of to nearest) keeps the stored grid covering the
-group's range ``[min, max]``, so no value is clamped and ``|x − x̂| ≤ Δ/2`` holds for every
-element: the noise stays uniform and zero-mean, as the Jensen-bias analysis assumes.
-
-FP8 E4M3 facts that shape this module: 3 mantissa bits (a step rounded up is at most 12.5% too
-large), largest finite value 448, subnormal spacing 2⁻⁹. A range so small that its step would be
-below 2⁻⁹ is stored with the step 2⁻⁹: still covering, just using fewer codes (a precision floor,
-not an error); a group with ``max = min`` stores ``Δ = 0`` and dequantizes to ``z`` exactly (so
-any constant representable in BF16 round-trips bit for bit). A step above 448 (a group range over
-``448 · (2^B − 1)``) cannot be stored and raises ``ValueError``.
-
-Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1 (little-end first). INT3 packs 8 codes
-into 3 bytes (24 bits, exactly 3 bits per code), so it needs the channel count to be a multiple
-of 8. Storage per element is therefore ``B + (8 + 16)/g`` bits.
+- ``rtn``: the *covering* grid (Δ rounded up, z down): never clips, ``|x − x̂| ≤ Δ/2``.
+- ``rtn-nearest``: Δ and z rounded to nearest and codes clamped: no systematic overshoot of the
+  group's extremes, at the cost of clipping what falls outside the stored grid.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-STEP_DTYPE = torch.float8_e4m3fn
-ZERO_DTYPE = torch.bfloat16
-FP8_MAX = 448.0
-FP8_MIN_STEP = 2.0**-9
-RTN_BITS = (2, 3, 4, 8)
+from jbkv_cli.quant.groupwise import RTN_BITS, pack_codes, quantize_groups
+from jbkv_cli.quant.method import KVMethod, Role
+from jbkv_cli.quant.rotation import RandomHadamard
+from jbkv_cli.quant.tensor import GroupQuantized
 
 
-def check_group_size(dim: int, group_size: int) -> None:
-    """Raise ``ValueError`` unless ``group_size`` divides ``dim``."""
-    if group_size < 1 or dim % group_size:
-        divisors = [g for g in (8, 16, 32, 64, 128, 256) if g <= dim and dim % g == 0]
-        raise ValueError(
-            f"group_size must divide the head dim {dim} (allowed: {divisors}), got {group_size}"
-        )
+def store_groups(
+    x: torch.Tensor,
+    bits: int,
+    group_size: int,
+    grid: str = "covering",
+    rotation: RandomHadamard | None = None,
+) -> GroupQuantized:
+    """Group-wise codes of ``x`` (of ``R x`` under a rotation), packed, with FP8 steps and BF16
+    zero points."""
+    source = x if rotation is None else rotation.rotate(x.float())
+    codes, step, zero = quantize_groups(source, bits, group_size, grid)
+    packed = pack_codes(codes, bits)
+    return GroupQuantized(packed, x.shape, x.dtype, bits, group_size, step, zero, rotation)
 
 
-def round_down_bf16(x: torch.Tensor) -> torch.Tensor:
-    """The largest BF16 value ``≤ x`` (elementwise), returned as BF16."""
-    bits = x.float().contiguous().view(torch.int32)
-    truncated = bits & -65536  # clear the 16 low mantissa bits: rounds toward zero
-    away = (bits < 0) & ((bits & 0xFFFF) != 0)  # negatives rounded toward zero went up: step down
-    return torch.where(away, truncated + 0x10000, truncated).view(torch.float32).to(ZERO_DTYPE)
+@dataclass(frozen=True)
+class RTN(KVMethod):
+    """Per-token groups of ``group_size`` channels, covering grid (FP8 Δ up, BF16 z down)."""
+
+    name: ClassVar[str] = "rtn"
+    summary: ClassVar[str] = "group-wise per-token RTN, covering grid (FP8 step up, BF16 zero down)"
+    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = RTN_BITS
+    grid: ClassVar[str] = "covering"
+
+    def _quantize(self, x: torch.Tensor, role: Role) -> GroupQuantized:
+        return store_groups(x, self.bits, self.group_size, self.grid)
 
 
-def round_up_fp8(step: torch.Tensor) -> torch.Tensor:
-    """The smallest FP8 E4M3 value ``≥ step`` for ``0 ≤ step ≤ 448``, as FP8; 0 stays 0."""
-    if bool((step > FP8_MAX).any()):
-        worst = float(step.max())
-        raise ValueError(
-            f"a group's step {worst:.4g} exceeds the FP8 E4M3 maximum {FP8_MAX}: "
-            "its range is too large to quantize with FP8 scales"
-        )
-    nearest = step.to(STEP_DTYPE)
-    short = nearest.float() < step
-    bumped = (nearest.view(torch.uint8) + short.to(torch.uint8)).view(STEP_DTYPE)
-    return bumped
+@dataclass(frozen=True)
+class RTNNearest(RTN):
+    """:class:`RTN` on the nearest grid: Δ and z rounded to nearest, codes clamped."""
 
-
-def quantize_groups(
-    x: torch.Tensor, bits: int, group_size: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Quantize ``x [..., D]`` per group of ``group_size`` channels of the last dim.
-
-    Returns ``(codes, step, zero)``: codes uint8 ``[..., D]`` (unpacked, in ``[0, 2^B − 1]``),
-    step FP8 E4M3 ``[..., D/g]``, zero BF16 ``[..., D/g]``.
-    """
-    if bits not in RTN_BITS:
-        raise ValueError(f"bits must be one of {RTN_BITS}, got {bits}")
-    dim = x.shape[-1]
-    check_group_size(dim, group_size)
-    levels = (1 << bits) - 1
-    groups = x.float().unflatten(-1, (dim // group_size, group_size))  # [..., G, g]
-    lo, hi = torch.aminmax(groups, dim=-1)
-    zero = round_down_bf16(lo)  # [..., G]
-    z = zero.float()
-    step = round_up_fp8((hi - z) / levels)
-    d = step.float()
-    inv = torch.where(d > 0, d, 1.0).reciprocal_()
-    scaled = (groups - z.unsqueeze(-1)).mul_(inv.unsqueeze(-1))
-    codes = scaled.round_().clamp_(0, levels).to(torch.uint8)
-    return codes.flatten(-2), step, zero
-
-
-def dequantize_groups(
-    codes: torch.Tensor,
-    step: torch.Tensor,
-    zero: torch.Tensor,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """``x̂ = c · Δ + z`` per group; codes ``[..., D]``, step/zero ``[..., G]`` -> ``[..., D]``."""
-    groups = codes.unflatten(-1, (step.shape[-1], -1)).float()
-    x = groups * step.float().unsqueeze(-1) + zero.float().unsqueeze(-1)
-    return x.flatten(-2).to(dtype)
-
-
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Pack uint8 codes ``[..., n]`` into ``[..., n·bits/8]`` bytes (see module docstring)."""
-    n = codes.shape[-1]
-    if bits == 8:
-        return codes.contiguous()
-    if bits == 3:
-        if n % 8:
-            raise ValueError(f"INT3 packing needs the channel count to be a multiple of 8, got {n}")
-        blocks = codes.unflatten(-1, (n // 8, 8)).to(torch.int32)
-        shifts = torch.arange(0, 24, 3, device=codes.device, dtype=torch.int32)
-        word = (blocks << shifts).sum(-1, dtype=torch.int32)  # [..., n/8], 24 bits used
-        out = torch.stack([(word >> s) & 0xFF for s in (0, 8, 16)], dim=-1)
-        return out.to(torch.uint8).flatten(-2)
-    if bits not in (2, 4):
-        raise ValueError(f"bits must be one of {RTN_BITS}, got {bits}")
-    per_byte = 8 // bits
-    if n % per_byte:
-        raise ValueError(f"INT{bits} packing needs a multiple of {per_byte} codes, got {n}")
-    blocks = codes.unflatten(-1, (n // per_byte, per_byte))
-    shifts = torch.arange(0, 8, bits, device=codes.device, dtype=torch.uint8)
-    return (blocks << shifts).sum(-1, dtype=torch.uint8)
-
-
-def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of :func:`pack_codes`: bytes ``[..., n·bits/8]`` -> uint8 codes ``[..., n]``."""
-    if bits == 8:
-        return packed
-    if bits == 3:
-        b = packed.unflatten(-1, (n // 8, 3)).to(torch.int32)
-        word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16)
-        shifts = torch.arange(0, 24, 3, device=packed.device, dtype=torch.int32)
-        return ((word.unsqueeze(-1) >> shifts) & 7).to(torch.uint8).flatten(-2)
-    mask = (1 << bits) - 1
-    shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
-    return ((packed.unsqueeze(-1) >> shifts) & mask).flatten(-2)
+    name: ClassVar[str] = "rtn-nearest"
+    summary: ClassVar[str] = "group-wise per-token RTN, nearest grid (FP8 step nearest, clamped)"
+    grid: ClassVar[str] = "nearest"

@@ -1,4 +1,20 @@
-"""QuantizedTensor: what the cache stores for one chunk's keys or values, and how to read it."""
+"""What the cache stores for one chunk's keys or values, and how to read it back.
+
+Every compression method returns a :class:`QuantizedTensor`: the tensors it actually holds
+(``stored``, whose bytes are the storage the reports show), ``dequantize()`` (the values attention
+reads) and ``step``, the noise model the Jensen-bias correction needs:
+
+    step  [..., L, G]   per token i and channel group j, the step Δ_ij of uniform rounding noise
+                        ε_ic ~ U[−Δ/2, Δ/2] on every channel c of group j (``G`` groups of
+                        ``D/G`` channels), in the basis ``rotation`` (None: the original basis)
+
+so the bias is ``b_i = (τ²/24) Σ_j Δ_ij² ‖(R q)_j‖²`` for every method alike. A method whose
+groups run along tokens (KIVI's per-channel keys) reports ``G = D``; a residual quantizer (QVG)
+reports its residual's steps (its centroids are stored exactly); tokens kept in full precision
+report 0. Subclasses: :class:`RawTensor` (full precision), :class:`GroupQuantized` (group-wise
+codes + steps + zeros, RTN and QuaRot), :class:`Segmented` (parts along tokens, e.g. a quantized
+head and a full-precision tail), and the methods' own (``kivi.py``, ``qvg.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,56 +22,133 @@ from dataclasses import dataclass
 
 import torch
 
+from jbkv_cli.quant.groupwise import dequantize_groups, unpack_codes
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.rtn import dequantize_groups, unpack_codes
 
 
-@dataclass
 class QuantizedTensor:
-    """A ``[..., L, D]`` tensor as stored: packed codes + FP8 steps + BF16 zeros, or raw.
+    """Base of stored chunk tensors ``[..., L, D]``; see the module docstring."""
 
-    ``bits == 16`` means stored as-is in ``data`` (the full-precision path). Otherwise ``data`` is
-    the packed uint8 codes ``[..., L, D·B/8]`` with ``step_fp8``/``zero`` ``[..., L, D/g]``. When
-    ``rotation`` is set, the stored values are those of ``R x`` and :meth:`dequantize` rotates
-    back, so callers always see the original basis.
-    """
-
-    data: torch.Tensor
     shape: torch.Size
     dtype: torch.dtype
-    bits: int = 16
-    group_size: int | None = None
-    step_fp8: torch.Tensor | None = None
-    zero: torch.Tensor | None = None
     rotation: RandomHadamard | None = None
 
-    @property
-    def quantized(self) -> bool:
-        return self.bits < 16
+    def stored(self) -> dict[str, torch.Tensor]:
+        """The tensors held in memory, by name (what ``nbytes`` counts)."""
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        """``x̂`` in the original basis and dtype, ``[..., L, D]``."""
+        raise NotImplementedError
 
     @property
     def step(self) -> torch.Tensor | None:
-        """The stored step sizes Δ as float32 ``[..., L, D/g]`` (None when not quantized)."""
-        return None if self.step_fp8 is None else self.step_fp8.float()
+        """The uniform-noise steps ``[..., L, G]`` (float32), or None for exact storage."""
+        return None
+
+    @property
+    def quantized(self) -> bool:
+        return self.step is not None
 
     @property
     def nbytes(self) -> int:
-        """Bytes actually held by this tensor's storage (codes, steps and zero points)."""
-        parts = (self.data, self.step_fp8, self.zero)
-        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+        """Bytes actually held by the stored tensors."""
+        return sum(t.numel() * t.element_size() for t in self.stored().values())
 
     @property
     def effective_bits(self) -> float:
         """Stored bits per element: ``nbytes · 8 / numel``."""
         return self.nbytes * 8 / self.shape.numel()
 
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[-2]
+
+
+@dataclass
+class RawTensor(QuantizedTensor):
+    """Stored as is (the 16-bit reference, sinks, full-precision tails, ablations)."""
+
+    data: torch.Tensor
+
+    def __post_init__(self) -> None:
+        self.shape, self.dtype, self.rotation = self.data.shape, self.data.dtype, None
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        return {"data": self.data}
+
     def dequantize(self) -> torch.Tensor:
-        """``x̂`` in the original basis and dtype, ``[..., L, D]``."""
-        if self.quantized:
-            codes = unpack_codes(self.data, self.bits, self.shape[-1])
-            x = dequantize_groups(codes, self.step_fp8, self.zero, torch.float32)
-        else:
-            x = self.data
+        return self.data
+
+
+@dataclass
+class GroupQuantized(QuantizedTensor):
+    """Group-wise per-token codes: packed uint8 ``data [..., L, D·B/8]``, FP8 ``step_fp8`` and
+    BF16 ``zero`` ``[..., L, D/g]``. With ``rotation`` the codes are those of ``R x`` and
+    :meth:`dequantize` rotates back."""
+
+    data: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    bits: int
+    group_size: int
+    step_fp8: torch.Tensor
+    zero: torch.Tensor
+    rotation: RandomHadamard | None = None
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        return {"codes": self.data, "step": self.step_fp8, "zero": self.zero}
+
+    @property
+    def step(self) -> torch.Tensor:
+        return self.step_fp8.float()
+
+    def dequantize(self) -> torch.Tensor:
+        codes = unpack_codes(self.data, self.bits, self.shape[-1])
+        x = dequantize_groups(codes, self.step_fp8, self.zero, torch.float32)
         if self.rotation is not None:
             x = self.rotation.unrotate(x)
         return x.to(self.dtype)
+
+
+@dataclass
+class Segmented(QuantizedTensor):
+    """Consecutive token ranges stored differently (e.g. KIVI: a quantized head and the newest
+    tokens in full precision until the next commit). ``groups``: step columns of the quantized
+    parts (full-precision parts get zero steps)."""
+
+    parts: list[QuantizedTensor]
+    groups: int
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError("Segmented needs at least one part")
+        first = self.parts[0]
+        tokens = sum(p.num_tokens for p in self.parts)
+        self.shape = torch.Size((*first.shape[:-2], tokens, first.shape[-1]))
+        self.dtype = first.dtype
+        rotations = {id(p.rotation): p.rotation for p in self.parts if p.quantized}
+        if len(rotations) > 1:
+            raise ValueError("segments quantized in different bases cannot be combined")
+        self.rotation = next(iter(rotations.values()), None)
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        return {f"{i}.{k}": t for i, p in enumerate(self.parts) for k, t in p.stored().items()}
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize().to(self.dtype) for p in self.parts], dim=-2)
+
+    @property
+    def step(self) -> torch.Tensor | None:
+        if not any(p.quantized for p in self.parts):
+            return None
+        return torch.cat([zero_steps(p, self.groups) for p in self.parts], dim=-2)
+
+
+def zero_steps(t: QuantizedTensor, groups: int) -> torch.Tensor:
+    """``t.step``, or zeros ``[..., L, groups]`` for exactly stored tokens."""
+    step = t.step
+    if step is not None:
+        return step
+    device = next(iter(t.stored().values())).device
+    return torch.zeros((*t.shape[:-1], groups), dtype=torch.float32, device=device)

@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention import CachedKV, attend, attention_backend
-from jbkv_cli.quant import KVSpec, RandomHadamard, quantize_kv
-from jbkv_cli.quant.cache import ChunkKVCache
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.quant import RandomHadamard, quantize_kv
 
 
 def _inputs(hq=4, hkv=4, lq=24, lc=40, lcur=24, d=64, seed=0):
@@ -56,7 +56,7 @@ def test_sixteen_bit_cache_is_bit_identical_to_sdpa():
 
 def test_empty_cache_is_plain_attention():
     q, _, _, k, v = _inputs()
-    out = ChunkKVCache(KVSpec("rtn", 2, correction="taylor")).attend(q, k, v, scale=0.2)
+    out = ChunkKVCache(KVSpec.build("rtn", 2, correction="taylor")).attend(q, k, v, scale=0.2)
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, scale=0.2))
 
 

@@ -1,9 +1,9 @@
 import torch
 
-from jbkv_cli.attention import CachedKV, record_attention
+from jbkv_cli.attention import AttentionRecorder, CachedKV
 from jbkv_cli.attention.diagnostics import compare_attention, jsd, score_noise
-from jbkv_cli.quant import KVSpec, quantize_kv
-from jbkv_cli.quant.cache import ChunkKVCache
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.quant import quantize_kv
 
 
 def _attention_problem(seed=0, lc=512, lcur=128, d=64, heads=4):
@@ -22,18 +22,18 @@ def _attention_problem(seed=0, lc=512, lcur=128, d=64, heads=4):
 
 def _delta_ps(spec, seed=0):
     q, kc, vc, k, v = _attention_problem(seed)
-    with record_attention(max_queries=128, every=1) as rec:
-        cache = ChunkKVCache(spec)
-        cache.commit(kc, vc)
-        cache.attend(q, k, v, scale=1 / 8)
+    rec = AttentionRecorder(max_queries=128, every=1)
+    cache = ChunkKVCache(spec, observer=rec)
+    cache.commit(kc, vc)
+    cache.attend(q, k, v, scale=1 / 8)
     return rec.summary()["delta_ps"]
 
 
 def test_int2_steals_attention_and_taylor_gives_it_back():
     for scheme in ("rtn", "quarot"):
-        raw = _delta_ps(KVSpec(scheme, 2))
-        corrected = _delta_ps(KVSpec(scheme, 2, correction="taylor"))
-        exact = _delta_ps(KVSpec(scheme, 2, correction="exact"))
+        raw = _delta_ps(KVSpec.build(scheme, 2))
+        corrected = _delta_ps(KVSpec.build(scheme, 2, correction="taylor"))
+        exact = _delta_ps(KVSpec.build(scheme, 2, correction="exact"))
         assert raw > 0.005
         assert abs(corrected) * 3 <= raw
         assert abs(exact) * 3 <= raw

@@ -17,6 +17,8 @@ pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models import registry
 from jbkv_cli.models.base import Video, VideoModel
 from jbkv_cli.models.skyreels_v2 import components as comp
@@ -27,19 +29,17 @@ from jbkv_cli.models.skyreels_v2.attention import (
     chunk_attention,
     shifted_rotary,
 )
-from jbkv_cli.quant.cache import ChunkKVCache
-from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
 
 ATOL = 1e-5  # fp32: chunk loop with cache vs one full forward
 K = 2  # latent frames per chunk in these tests
-INT2 = KVSpec(quantizer="rtn", bits=2)
-INT2_TAYLOR = KVSpec(quantizer="rtn", bits=2, correction="taylor")
+INT2 = KVSpec.build("rtn", bits=2)
+INT2_TAYLOR = KVSpec.build("rtn", bits=2, correction="taylor")
 
 
 class PlainCache:
     """The unquantized cache without jbkv: concatenate and call SDPA."""
 
-    def __init__(self, spec=None, window=None):
+    def __init__(self, spec=None, window=None, observer=None):
         self.k, self.v, self.window = [], [], window
 
     def attend(self, q, k_cur, v_cur, scale, backend=None):

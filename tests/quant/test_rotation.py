@@ -42,11 +42,11 @@ def test_bad_block_size():
         RandomHadamard(96, 64)
 
 
-def test_quarot_sixteen_bit_is_rotation_only():
+def test_sixteen_bit_is_stored_as_is_for_every_method():
     x = torch.randn(2, 9, 64)
     qt = quantize_kv(x, bits=16, scheme="quarot", seed=5)
-    assert qt.rotation is not None
-    assert torch.allclose(qt.dequantize(), x, atol=1e-5)
+    assert qt.rotation is None and qt.step is None
+    assert torch.equal(qt.dequantize(), x)
 
 
 def test_quarot_quantizes_in_rotated_basis():

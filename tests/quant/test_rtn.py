@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jbkv_cli.quant import quantize_kv
-from jbkv_cli.quant.rtn import (
+from jbkv_cli.quant.groupwise import (
     FP8_MIN_STEP,
     dequantize_groups,
     pack_codes,
@@ -150,8 +150,8 @@ def test_sixteen_bit_is_identity():
     ("kwargs", "match"),
     [
         ({"bits": 5}, "bits"),
-        ({"group_size": 24}, "group_size"),
-        ({"scheme": "gptq"}, "scheme"),
+        ({"group_size": 24}, "does not divide the head dim 64"),
+        ({"scheme": "gptq"}, "unknown method .gptq."),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -1,4 +1,4 @@
-"""MAGI-1 attention through jbkv's per-layer :class:`~jbkv_cli.quant.cache.ChunkKVCache`.
+"""MAGI-1 attention through jbkv's per-layer :class:`~jbkv_cli.kvcache.ChunkKVCache`.
 
 A chunk that reads ``n`` cached chunks needs absolute chunks ``[s - n, s)``, where ``s`` (the
 slice point) equals the number of chunks committed so far. ``ChunkKVCache.read(last=m)`` returns
@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import torch
 
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.magi1.dit import AttendFn, plain_attend
-from jbkv_cli.quant.cache import ChunkKVCache
-from jbkv_cli.quant.spec import KVSpec
 
 
 def regular_last(cache: ChunkKVCache, n_cached: int) -> int:
@@ -44,9 +45,11 @@ def cache_attend(backend: str | None = None) -> AttendFn:
     return attend
 
 
-def make_caches(spec: KVSpec, num_layers: int, window: int) -> list[ChunkKVCache]:
+def make_caches(
+    spec: KVSpec, num_layers: int, window: int, observer: AttentionObserver | None = None
+) -> list[ChunkKVCache]:
     """One cache per transformer layer, each holding at most ``window`` regular chunks."""
-    return [ChunkKVCache(spec, window=window) for _ in range(num_layers)]
+    return [ChunkKVCache(spec, window, observer=observer) for _ in range(num_layers)]
 
 
 def total_nbytes(caches: Sequence[ChunkKVCache]) -> int:

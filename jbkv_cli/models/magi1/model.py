@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
@@ -17,7 +19,6 @@ from jbkv_cli.models.magi1.sampler import Sampler
 from jbkv_cli.models.magi1.schedule import plan_forwards, validate
 from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, build_text_condition
 from jbkv_cli.models.magi1.vae import ViTVAE, tiled_decode, to_uint8
-from jbkv_cli.quant.spec import KVSpec
 from jbkv_cli.seeding import noise_generator
 
 
@@ -108,7 +109,12 @@ class Magi1VideoModel:
         return self._text_cache[prompt]
 
     def sample_latents(
-        self, prompt: str, seed: int, kv: KVSpec, progress: ProgressFn | None = None
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ):
         gen, variant = self.gen, self.variant
         sched = variant.schedule
@@ -124,7 +130,7 @@ class Magi1VideoModel:
             variant_shape := gen.latent_shape(variant), generator=noise_generator(seed, prompt)
         )
         noise = noise.to(gen.device)
-        caches = make_caches(kv, variant.dit.num_layers, gen.window)
+        caches = make_caches(kv, variant.dit.num_layers, gen.window, observer)
         plans = plan_forwards(gen.num_chunks, sched, max_cached=gen.window)
         sampler = Sampler(
             self.dit,
@@ -177,9 +183,15 @@ class Magi1VideoModel:
 
     @torch.no_grad()
     def generate(
-        self, prompt: str, seed: int, kv: KVSpec, *, progress: ProgressFn | None = None
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ) -> Video:
-        result = self.sample_latents(prompt, seed, kv, progress)
+        result = self.sample_latents(prompt, seed, kv, progress, observer)
         frames = self.decode(result.latents)
         info = {
             "config": self.variant.name,

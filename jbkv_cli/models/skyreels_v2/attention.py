@@ -34,7 +34,7 @@ import torch
 
 
 class LayerCache(Protocol):
-    """What a processor needs from one layer's cache (``jbkv_cli.quant.cache.ChunkKVCache``)."""
+    """What a processor needs from one layer's cache (``jbkv_cli.kvcache.ChunkKVCache``)."""
 
     def attend(
         self,

@@ -34,7 +34,10 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.skyreels_v2.attention import ChunkContext, chunk_attention
@@ -44,8 +47,6 @@ from jbkv_cli.models.skyreels_v2.components import (
     resolve_weights_dir,
     tiny_components,
 )
-from jbkv_cli.quant.cache import ChunkKVCache
-from jbkv_cli.quant.spec import KVSpec
 from jbkv_cli.seeding import noise_generator
 
 CLEAN_CONTEXT = "extra forward of each finished chunk at t=0 (clean context), K/V committed once"
@@ -227,7 +228,13 @@ class SkyReelsV2:
     # ----------------------------------------------------------------------- the loop
 
     def generate_latents(
-        self, prompt: str, seed: int, kv: KVSpec, *, progress: ProgressFn | None = None
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents and facts about the cache."""
         s = self.config
@@ -236,7 +243,10 @@ class SkyReelsV2:
         texts = [self.encode_prompt(prompt)]
         if s.guidance > 1.0:
             texts.append(self.encode_prompt(s.negative_prompt))
-        caches = [[ChunkKVCache(kv, s.window) for _ in transformer.blocks] for _ in texts]
+        caches = [
+            [ChunkKVCache(kv, s.window, observer=observer) for _ in transformer.blocks]
+            for _ in texts
+        ]
         context = ChunkContext(backend=s.attention_backend)
         noise = self.initial_noise(prompt, seed)
         latents = torch.empty_like(noise)
@@ -264,10 +274,18 @@ class SkyReelsV2:
         return latents, info
 
     def generate(
-        self, prompt: str, seed: int, kv: KVSpec, *, progress: ProgressFn | None = None
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ) -> Video:
         """Generate one video; the initial noise depends only on (prompt, seed, settings)."""
-        latents, cache_info = self.generate_latents(prompt, seed, kv, progress=progress)
+        latents, cache_info = self.generate_latents(
+            prompt, seed, kv, progress=progress, observer=observer
+        )
         with torch.no_grad():
             frames = self.decode(latents)
         s = self.config

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights
-from jbkv_cli.quant.spec import KVSpec
 
 FPS = 8.0
 
@@ -57,12 +58,18 @@ class TinyVideoModel:
         }
 
     def generate(
-        self, prompt: str, seed: int, kv: KVSpec, *, progress: ProgressFn | None = None
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
     ) -> Video:
         """One video of ``num_chunks * frames_per_chunk`` frames; same noise for every ``kv``."""
         parsed = parse_prompt(prompt)
         noise = draw_noise(self.model, self.sampler.num_chunks, seed, prompt)
-        out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress)
+        out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress, observer)
         frames = (out.frames * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
         info = {"dtype": "float32", "device": self.device, "kv": kv.label, **self.settings}
         return Video(frames, FPS, out.kv_cache_bytes, info)

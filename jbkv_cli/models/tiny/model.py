@@ -21,7 +21,7 @@ Two paths share the weights:
   block-causal forward: noisy chunk ``i`` attends to clean chunks ``i-W .. i-1`` and to itself,
   clean chunk ``i`` to clean chunks ``i-W .. i`` (as its own refresh pass would).
 - :meth:`TinyDiT.forward_chunk` runs one chunk against per-layer KV caches
-  (:class:`jbkv_cli.quant.cache.ChunkKVCache`): this is generation.
+  (:class:`jbkv_cli.kvcache.ChunkKVCache`): this is generation.
 """
 
 from __future__ import annotations

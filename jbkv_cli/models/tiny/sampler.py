@@ -22,9 +22,10 @@ from itertools import pairwise
 
 import torch
 
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny.model import TinyDiT, unpatchify
-from jbkv_cli.quant.cache import ChunkKVCache
-from jbkv_cli.quant.spec import KVSpec
 from jbkv_cli.seeding import noise_generator
 
 
@@ -61,11 +62,12 @@ def sample(
     kv: KVSpec,
     settings: SamplerSettings,
     progress: Callable[[int, int], None] | None = None,
+    observer: AttentionObserver | None = None,
 ) -> Generated:
     """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
     cfg = model.cfg
     device = next(model.parameters()).device
-    caches = [ChunkKVCache(kv, window=settings.window) for _ in range(cfg.depth)]
+    caches = [ChunkKVCache(kv, settings.window, observer=observer) for _ in range(cfg.depth)]
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
     chunks = []

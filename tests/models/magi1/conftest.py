@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from jbkv_cli.quant.spec import FULL_PRECISION
+from jbkv_cli.kvcache.spec import FULL_PRECISION
 
 
 class DenseCache:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from jbkv_cli.attention import attention_backend
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.magi1.config import TINY_DIT, TINY_SCHEDULE
 from jbkv_cli.models.magi1.dit import plain_attend
 from jbkv_cli.models.magi1.kv import cache_attend, make_caches
@@ -11,7 +12,6 @@ from jbkv_cli.models.magi1.sampler import Sampler
 from jbkv_cli.models.magi1.schedule import distill_dt, plan_forwards
 from jbkv_cli.models.magi1.text import build_text_condition
 from jbkv_cli.models.magi1.tiny import tiny_special_tokens
-from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
 
 CW, H, W = TINY_SCHEDULE.chunk_width, 4, 4
 L, C = TINY_DIT.caption_max_length, TINY_DIT.caption_channels
@@ -139,7 +139,7 @@ def test_refresh_pass_is_what_the_cache_holds(tiny):
 
 def test_int2_cache_changes_output_and_correction_runs(tiny):
     ref = _sample(tiny, make_caches(FULL_PRECISION, 2, window=1)).latents
-    spec = KVSpec(quantizer="rtn", bits=2, correction="taylor")
+    spec = KVSpec.build("rtn", bits=2, correction="taylor")
     q = _sample(tiny, make_caches(spec, 2, window=1), backend="reference")
     fused = _sample(tiny, make_caches(spec, 2, window=1), backend="fused")
     assert not torch.equal(ref, q.latents)

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import Video, VideoModel
 from jbkv_cli.models.magi1 import load_model
 from jbkv_cli.models.magi1.config import TINY_DIT, TINY_SCHEDULE
@@ -14,7 +15,6 @@ from jbkv_cli.models.magi1.sampler import Sampler
 from jbkv_cli.models.magi1.schedule import plan_forwards
 from jbkv_cli.models.magi1.text import build_text_condition
 from jbkv_cli.models.magi1.tiny import tiny_dit
-from jbkv_cli.quant.spec import FULL_PRECISION, KVSpec
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_generate_full_precision_and_int2_corrected(model):
     assert calls == [(1, 3), (2, 3), (3, 3)]
     again = model.generate("a red ball", 1, FULL_PRECISION)
     assert torch.equal(ref.frames, again.frames)
-    q = model.generate("a red ball", 1, KVSpec(quantizer="rtn", bits=2, correction="taylor"))
+    q = model.generate("a red ball", 1, KVSpec.build("rtn", bits=2, correction="taylor"))
     assert q.frames.shape == ref.frames.shape
     assert 0 < q.kv_cache_bytes < ref.kv_cache_bytes
     # 2 layers x (k+v) x 1 chunk x 2 heads x 8 tokens x 32 dims x 4 bytes
@@ -50,7 +50,7 @@ def test_generate_full_precision_and_int2_corrected(model):
 
 def test_same_noise_for_every_kv_spec(model):
     a = model.sample_latents("x", 3, FULL_PRECISION)
-    b = model.sample_latents("x", 3, KVSpec(quantizer="rtn", bits=4, correction="none"))
+    b = model.sample_latents("x", 3, KVSpec.build("rtn", bits=4, correction="none"))
     # chunk 0 never reads the cache before it is finished: identical in both runs
     cw = TINY_SCHEDULE.chunk_width
     assert torch.equal(a.latents[:, :, :cw], b.latents[:, :, :cw])

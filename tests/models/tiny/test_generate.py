@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.attention import record_attention
+from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.commands.options import read_prompts
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import load_model as registry_load
 from jbkv_cli.models.tiny import load_model
@@ -16,7 +17,6 @@ from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.model import TinyConfig
 from jbkv_cli.models.tiny.train import TrainConfig, train
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
-from jbkv_cli.quant.spec import KVSpec
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +68,18 @@ def test_int4_beats_int2_and_taylor_shrinks_the_attention_shift(model) -> None:
     m = load_model(num_chunks=4)
     results = {}
     specs = {
-        "int2": KVSpec(quantizer="rtn", bits=2),
-        "int2_taylor": KVSpec(quantizer="rtn", bits=2, correction="taylor"),
-        "int4": KVSpec(quantizer="rtn", bits=4),
-        "quarot2": KVSpec(quantizer="quarot", bits=2),
-        "quarot2_taylor": KVSpec(quantizer="quarot", bits=2, correction="taylor"),
+        "int2": KVSpec.build("rtn", bits=2),
+        "int2_taylor": KVSpec.build("rtn", bits=2, correction="taylor"),
+        "int4": KVSpec.build("rtn", bits=4),
+        "quarot2": KVSpec.build("quarot", bits=2),
+        "quarot2_taylor": KVSpec.build("quarot", bits=2, correction="taylor"),
     }
     prompts = ["a red circle moves right on a dark background"]
     for prompt in prompts:
         ref = m.generate(prompt, 0, KVSpec()).frames
         for name, spec in specs.items():
-            with record_attention() as rec:
-                frames = m.generate(prompt, 0, spec).frames
+            rec = AttentionRecorder()
+            frames = m.generate(prompt, 0, spec, observer=rec).frames
             results.setdefault(name, []).append((psnr(frames, ref), rec.summary()["delta_ps"]))
     mean = {k: [sum(x) / len(x) for x in zip(*v, strict=True)] for k, v in results.items()}
     assert mean["int4"][0] > mean["int2"][0] + 3.0, mean

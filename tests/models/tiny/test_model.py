@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache.spec import FULL_PRECISION
 from jbkv_cli.models.tiny.data import DataConfig, all_prompts, parse_prompt, render
 from jbkv_cli.models.tiny.model import (
     TinyConfig,
@@ -17,8 +19,6 @@ from jbkv_cli.models.tiny.model import (
     rope_tables,
     unpatchify,
 )
-from jbkv_cli.quant.cache import ChunkKVCache
-from jbkv_cli.quant.spec import FULL_PRECISION
 
 
 def random_model(window: int = 2, depth: int = 2) -> TinyDiT:

@@ -1,0 +1,8 @@
+"""The chunk cache, above :mod:`jbkv_cli.quant` (how a chunk is stored) and
+:mod:`jbkv_cli.attention` (how it is read): :class:`KVSpec` says what a variant does,
+:class:`ChunkKVCache` does it for one layer."""
+
+from jbkv_cli.kvcache.cache import ChunkKVCache
+from jbkv_cli.kvcache.spec import FULL_PRECISION, REFERENCE_ID, KVSpec
+
+__all__ = ["FULL_PRECISION", "REFERENCE_ID", "ChunkKVCache", "KVSpec"]

@@ -1,0 +1,260 @@
+"""ChunkKVCache: one layer's cache of finished chunks, each token compressed once.
+
+    cache = ChunkKVCache(KVSpec.build("rtn", 2, correction="taylor"), window=3)
+    cache.commit(k, v)                          # k, v: [B, Hkv, L_chunk, D], post-RoPE, clean
+    out = cache.attend(q, k_cur, v_cur, scale)  # q: [B, Hq, Lq, D] over [cached | current]
+
+What it does, in order:
+
+- **commit** stores a finished chunk through the variant's key and value methods
+  (:class:`~jbkv_cli.kvcache.spec.KVSpec`). A token is compressed once and never again: the first
+  ``sink_chunks`` chunks stay in full precision for good (attention sinks), and a method with a
+  full-precision residual (KIVI) keeps the newest ``residual_tokens`` tokens exact until newer
+  chunks push them out, then compresses just those tokens.
+- **evict** drops whole regular chunks beyond ``window`` (sinks are never evicted).
+- **read** dequantizes the sinks plus the last ``last`` chunks into a working buffer with their
+  key steps (zeros for exact tokens); ``keep_view`` keeps that buffer until the next commit
+  (default on CPU, where denoising steps re-read it) or drops it after each call (default on GPU).
+- **attend** runs :func:`~jbkv_cli.attention.attend` with the variant's correction, and feeds the
+  ``observer`` it was given (diagnostics) every ``observer.every``-th call.
+
+``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from jbkv_cli.attention.attend import CachedKV, attend
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
+from jbkv_cli.quant.method import ROLES, KVMethod, Role
+from jbkv_cli.quant.rotation import RandomHadamard
+from jbkv_cli.quant.tensor import QuantizedTensor, RawTensor, Segmented, zero_steps
+
+
+@dataclass
+class _Side:
+    """One chunk's keys or values: compressed parts, then (a residual) an exact tail."""
+
+    parts: list[QuantizedTensor]
+    tail: torch.Tensor | None = None  # tokens still exact, waiting to be compressed
+
+    def stored(self, groups: int) -> QuantizedTensor:
+        parts = self.parts + ([RawTensor(self.tail)] if self.tail is not None else [])
+        return parts[0] if len(parts) == 1 else Segmented(parts, groups)
+
+    @property
+    def tail_len(self) -> int:
+        return 0 if self.tail is None else self.tail.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        held = sum(p.nbytes for p in self.parts)
+        return held + (0 if self.tail is None else self.tail.numel() * self.tail.element_size())
+
+
+@dataclass
+class _Chunk:
+    sides: dict[str, _Side]
+    sink: bool
+    length: int
+    device: torch.device
+    bias_step: torch.Tensor | None = None  # bias-only ablation: the Δ the method would use
+    bias_rotation: RandomHadamard | None = None
+    ref: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.sides.values())
+
+
+class ChunkKVCache:
+    """A sliding window of committed chunks for one attention layer."""
+
+    def __init__(
+        self,
+        spec: KVSpec = FULL_PRECISION,
+        window: int | None = None,
+        keep_view: bool | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> None:
+        if window is not None and window < 0:
+            raise ValueError(f"window must be >= 0 chunks or None, got {window}")
+        self.spec = spec
+        self.window = window
+        self.keep_view = keep_view
+        self.observer = observer
+        self._calls = 0
+        self.chunks: list[_Chunk] = []
+        self.committed = 0
+        self.peak_nbytes = 0
+        self._view: tuple[tuple[int, int | None], CachedKV | None] | None = None
+        self._head_dim: int | None = None
+        self._layout: tuple[int, ...] | None = None  # (B, Hkv, D) of every chunk
+
+    # --- storing ------------------------------------------------------------------------------
+
+    def _method(self, role: Role) -> KVMethod | None:
+        """The method storing ``role``, or None when it stays exact."""
+        if not self.spec.quantized:
+            return None
+        return self.spec.key if role == "key" else self.spec.value
+
+    def _groups(self, role: Role) -> int:
+        method = self._method(role) or self.spec.key
+        return method.step_groups(self._head_dim, role) if method else 1
+
+    def commit(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store one finished chunk's post-RoPE ``k``, ``v`` ``[B, Hkv, L, D]``."""
+        if k.ndim != 4 or k.shape != v.shape:
+            raise ValueError(
+                f"k and v must both be [B, Hkv, L, D], got {tuple(k.shape)}, {tuple(v.shape)}"
+            )
+        layout = (*k.shape[:2], k.shape[3])
+        if self._layout is not None and layout != self._layout:
+            raise ValueError(f"chunk shape {tuple(k.shape)} does not match the cache's chunks")
+        self._layout, self._head_dim = layout, k.shape[-1]
+        sink = self.committed < self.spec.sink_chunks
+        chunk = _Chunk({}, sink, k.shape[-2], k.device)
+        for role, x in zip(ROLES, (k, v), strict=True):
+            method = None if sink else self._method(role)
+            if method is None:
+                chunk.sides[role] = _Side([RawTensor(x)])
+            elif method.residual_tokens(role) > 0:
+                chunk.sides[role] = _Side([], x)  # compressed by _settle when pushed out
+            else:
+                chunk.sides[role] = _Side([method.quantize(x, role)])
+        if self.spec.bias_only and not sink:
+            predicted = self.spec.key.quantize(k, "key")
+            chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
+        if self.observer is not None:
+            chunk.ref = (k.detach().clone(), v.detach().clone())
+        self.chunks.append(chunk)
+        self.committed += 1
+        self._settle()
+        self._evict()
+        self._view = None
+        self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+
+    def _settle(self) -> None:
+        """Compress the exact tokens that fell out of each method's residual (newest tokens)."""
+        for role in ROLES:
+            method = self._method(role)
+            budget = method.residual_tokens(role) if method else 0
+            for chunk in reversed([c for c in self.chunks if not c.sink]):
+                side = chunk.sides[role]
+                keep = min(side.tail_len, budget)
+                budget = max(0, budget - chunk.length)
+                if side.tail is None or side.tail_len == keep:
+                    continue
+                cut = side.tail_len - keep
+                side.parts.append(method.quantize(side.tail[..., :cut, :], role))
+                side.tail = side.tail[..., cut:, :].clone() if keep else None
+
+    def _evict(self) -> None:
+        if self.window is None:
+            return
+        regular = [c for c in self.chunks if not c.sink]
+        drop = {id(c) for c in regular[: max(0, len(regular) - self.window)]}
+        self.chunks = [c for c in self.chunks if id(c) not in drop]
+
+    # --- reading ------------------------------------------------------------------------------
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.length for c in self.chunks)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored chunks (codes, steps, zero points or exact values)."""
+        return sum(c.nbytes for c in self.chunks)
+
+    @property
+    def working_nbytes(self) -> int:
+        """Bytes of the dequantized working buffer of the last read (0 when none)."""
+        if self._view is None or self._view[1] is None:
+            return 0
+        view = self._view[1]
+        return sum(t.numel() * t.element_size() for t in (view.k, view.v))
+
+    def reset(self) -> None:
+        self.chunks, self.committed, self._view, self._layout = [], 0, None, None
+
+    def stored(self, index: int, role: Role = "key") -> QuantizedTensor:
+        """What chunk ``index`` (of those held) stores for ``role``."""
+        return self.chunks[index].sides[role].stored(self._groups(role))
+
+    def _selected(self, last: int | None) -> list[_Chunk]:
+        regular = [c for c in self.chunks if not c.sink]
+        if last is not None:
+            regular = regular[len(regular) - last :] if last > 0 else []
+        return [c for c in self.chunks if c.sink] + regular
+
+    def read(self, last: int | None = None) -> CachedKV | None:
+        """The sinks plus the last ``last`` chunks (default: the whole window), dequantized."""
+        if last is not None and last < 0:
+            raise ValueError(f"last must be >= 0 chunks or None, got {last}")
+        key = (self.committed, last)
+        if self._view is not None and self._view[0] == key:
+            return self._view[1]
+        chunks = self._selected(last)
+        view = self._assemble(chunks) if chunks else None
+        keep = self.keep_view
+        if keep is None:
+            keep = not chunks or chunks[0].device.type == "cpu"
+        self._view = (key, view) if keep else None
+        return view
+
+    def _assemble(self, chunks: list[_Chunk]) -> CachedKV:
+        groups = self._groups("key")
+        keys = [c.sides["key"].stored(groups) for c in chunks]
+        k = torch.cat([t.dequantize() for t in keys], dim=-2)
+        v = torch.cat([c.sides["value"].stored(1).dequantize() for c in chunks], dim=-2)
+        if self.spec.bias_only:
+            steps = [
+                c.bias_step if c.bias_step is not None else zero_steps(t, groups)
+                for c, t in zip(chunks, keys, strict=True)
+            ]
+            rotation = next((c.bias_rotation for c in chunks if c.bias_rotation), None)
+        else:
+            steps = [zero_steps(t, groups) for t in keys]
+            rotation = next((t.rotation for t in keys if t.rotation is not None), None)
+        any_step = self.spec.bias_only or any(t.quantized for t in keys)
+        step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
+        view = CachedKV(k, v, step, rotation)
+        if all(c.ref is not None for c in chunks):
+            view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
+            view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
+        return view
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cur: torch.Tensor,
+        v_cur: torch.Tensor,
+        scale: float,
+        last: int | None = None,
+        backend: str | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``q`` over ``[cached (last chunks) | current]`` with the spec's correction."""
+        cached = self.read(last)
+        correction = self.spec.correction_
+        out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
+        self._calls += 1
+        obs = self.observer
+        if (
+            obs is not None
+            and cached is not None
+            and cached.k_ref is not None
+            and cached.k_step is not None
+            and self._calls % obs.every == 0
+        ):
+            obs.observe(q, k_cur, v_cur, cached, scale, correction)
+        return out

@@ -1,0 +1,219 @@
+"""KVSpec: what one variant does to the KV cache, as a composition.
+
+    KVSpec(key=RTN(bits=2), value=RTN(bits=2), correction="taylor")   # INT2 rtn g32 +taylor
+    KVSpec.build("quarot", bits=2, correction="taylor")                # the same, by name
+    KVSpec()                                                           # the 16-bit reference
+
+``key`` and ``value`` are compression methods (:mod:`jbkv_cli.quant`; None keeps that side in
+full precision: the keys-only / values-only ablations), ``correction`` a name from
+:data:`~jbkv_cli.attention.correction.CORRECTIONS` (``bias-only`` is the ablation that keeps the
+cache exact and injects the predicted bias), ``sink_chunks`` the first committed chunks kept in
+full precision. The variant's label and id (its run-folder name) derive from these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jbkv_cli.attention.correction import Correction, get_correction
+from jbkv_cli.quant.method import KVMethod
+from jbkv_cli.quant.registry import build_method, table_rank
+
+REFERENCE_ID = "bf16"
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """How finished chunks are stored in the cache and how attention reads them."""
+
+    key: KVMethod | None = None
+    value: KVMethod | None = None
+    correction: str = "none"
+    sink_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        corr = get_correction(self.correction)
+        object.__setattr__(self, "correction", corr.name)
+        if corr.active and self.key is None:
+            raise ValueError(f"the {corr.name} correction needs a key method (quantized keys)")
+        if self.sink_chunks < 0:
+            raise ValueError(f"sink_chunks must be >= 0, got {self.sink_chunks}")
+
+    @classmethod
+    def build(
+        cls,
+        quantizer: str = "none",
+        bits: int = 16,
+        group_size: int = 32,
+        correction: str = "none",
+        *,
+        keys: bool = True,
+        values: bool = True,
+        bias_only: bool = False,
+        sink_chunks: int = 0,
+        **options: Any,
+    ) -> KVSpec:
+        """A variant by method name: ``quantizer`` applied to keys and/or values."""
+        if (quantizer == "none") != (bits == 16):
+            raise ValueError(
+                "bits=16 goes with quantizer='none' and vice versa "
+                f"(got quantizer={quantizer!r}, bits={bits})"
+            )
+        if quantizer == "none":
+            return cls(correction=correction, sink_chunks=sink_chunks)
+        method = build_method(quantizer, bits, group_size, **options)
+        if bias_only:
+            correction = "bias-only"
+        return cls(method if keys else None, method if values else None, correction, sink_chunks)
+
+    # --- what it is -------------------------------------------------------------------------
+
+    @property
+    def correction_(self) -> Correction:
+        return get_correction(self.correction)
+
+    @property
+    def method(self) -> KVMethod | None:
+        """The method of the variant (the key method, else the value method)."""
+        return self.key or self.value
+
+    @property
+    def is_reference(self) -> bool:
+        return self.key is None and self.value is None
+
+    @property
+    def quantized(self) -> bool:
+        """True when cached keys or values are stored below 16 bits."""
+        return not self.is_reference and self.correction_.quantizes
+
+    @property
+    def bits(self) -> int:
+        return self.method.bits if self.method else 16
+
+    @property
+    def quantizer(self) -> str:
+        return self.method.name if self.method else "none"
+
+    @property
+    def group_size(self) -> int | None:
+        return self.method.group_size if self.method else None
+
+    @property
+    def keys(self) -> bool:
+        """Keys are not ablated (stored by the method; True for the reference)."""
+        return self.key is not None or self.is_reference
+
+    @property
+    def values(self) -> bool:
+        """Values are not ablated (stored by the method; True for the reference)."""
+        return self.value is not None or self.is_reference
+
+    @property
+    def bias_only(self) -> bool:
+        return not self.correction_.quantizes
+
+    @property
+    def mixed(self) -> bool:
+        """Keys and values stored by different methods."""
+        return self.key is not None and self.value is not None and self.key != self.value
+
+    def _parts(self, id_form: bool) -> list[str]:
+        if self.mixed:
+            if id_form:
+                return [f"k{self.key.variant_id}", f"v{self.value.variant_id}"]
+            return [f"K {self.key.label} / V {self.value.label}"]
+        parts = [self.method.variant_id if id_form else self.method.label]
+        if self.value is None:
+            parts.append("konly" if id_form else "K-only")
+        elif self.key is None:
+            parts.append("vonly" if id_form else "V-only")
+        return parts
+
+    @property
+    def label(self) -> str:
+        """A short human label, e.g. ``INT2 rtn g32 +taylor``."""
+        if self.is_reference:
+            return "16-bit reference"
+        parts = self._parts(id_form=False)
+        if self.correction != "none":
+            parts.append("bias-only" if self.bias_only else f"+{self.correction}")
+        if self.sink_chunks:
+            parts.append(f"sink{self.sink_chunks}")
+        return " ".join(parts)
+
+    @property
+    def variant_id(self) -> str:
+        """A file-safe name that determines the spec, e.g. ``int2-quarot-g32-taylor``."""
+        if self.is_reference:
+            return REFERENCE_ID
+        parts = [*self._parts(id_form=True), self.correction_.id]
+        if self.sink_chunks:
+            parts.append(f"sink{self.sink_chunks}")
+        return "-".join(p for p in parts if p)
+
+    def sort_key(self) -> tuple:
+        """Table order: the reference, then per method (registry order), group size and bit
+        width (high to low) the full variant, its ablations, then its corrections."""
+        if self.is_reference:
+            return (0,)
+        m = self.method
+        corrections = ("none", "taylor", "exact")
+        corr = corrections.index(self.correction) if self.correction in corrections else 9
+        ablation = (not self.keys) + 2 * (not self.values) + 4 * self.bias_only
+        rank = (table_rank(m.name), m.group_size, -m.bits)
+        return (1, *rank, ablation, corr, m.variant_id, self.mixed, self.sink_chunks)
+
+    # --- on disk ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": None if self.key is None else self.key.to_dict(),
+            "value": None if self.value is None else self.value.to_dict(),
+            "correction": self.correction,
+            "sink_chunks": self.sink_chunks,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVSpec:
+        """Inverse of :meth:`to_dict`; also reads the flat format of jbkv ≤ 0.1 run folders."""
+        if "quantizer" in data:
+            return cls._from_flat(data)
+        unknown = set(data) - {"key", "value", "correction", "sink_chunks"}
+        if unknown:
+            raise ValueError(f"unknown KVSpec fields {sorted(unknown)}")
+        return cls(
+            _method(data.get("key")),
+            _method(data.get("value")),
+            data.get("correction", "none"),
+            data.get("sink_chunks", 0),
+        )
+
+    @classmethod
+    def _from_flat(cls, d: dict[str, Any]) -> KVSpec:
+        options = {}
+        if d.get("quantizer") == "quarot":
+            options = {"seed": d.get("rotation_seed", 0), "block_size": d.get("rotation_block")}
+        return cls.build(
+            d["quantizer"],
+            d.get("bits", 16),
+            d.get("group_size", 32),
+            d.get("correction", "none"),
+            keys=d.get("keys", True),
+            values=d.get("values", True),
+            bias_only=d.get("bias_only", False),
+            sink_chunks=d.get("sink_chunks", 0),
+            **options,
+        )
+
+
+def _method(data: dict[str, Any] | None) -> KVMethod | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ValueError("a method must be an object with a 'name'")
+    options = {k: v for k, v in data.items() if k not in ("name", "bits", "group_size")}
+    return build_method(data["name"], data.get("bits", 2), data.get("group_size", 32), **options)
+
+
+FULL_PRECISION = KVSpec()

@@ -1,0 +1,131 @@
+"""The typed result of a run: one :class:`ResultRow` per variant, shared by the report, the plots,
+the regression gate and the JSON (whose keys are :meth:`ResultRow.to_dict`'s).
+
+Each metric is a :class:`Stat`, mean ± standard error over videos (paired with the reference of
+the same prompt and seed for PSNR, SSIM and LPIPS), or None when there is nothing to aggregate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from jbkv_cli.metrics.stats import aggregate
+
+REFERENCE_IDS = ("bf16", "reference")
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean, standard error (None for one value) and count."""
+
+    mean: float
+    se: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float | None]) -> Stat | None:
+        """The aggregate of the finite values (None when there are none)."""
+        xs = [v for v in values if v is not None and math.isfinite(v)]
+        if not xs:
+            return None
+        agg = aggregate(xs)
+        return cls(agg["mean"], agg["se"], agg["n"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str) -> Stat | None:
+        if data is None:
+            return None
+        ok = isinstance(data, dict) and _finite(data.get("mean"))
+        ok = ok and (data.get("se") is None or _finite(data["se"]))
+        ok = ok and (data.get("n") is None or type(data["n"]) is int)
+        if not ok:
+            raise ValueError(f"{what} is not {{'mean': number, 'se': ..., 'n': ...}} or null")
+        return cls(float(data["mean"]), data.get("se"), data.get("n") or 0)
+
+
+METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
+METRICS += ("noise_z_mean", "seconds")
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One variant of a run (see :func:`jbkv_cli.report.build_rows`)."""
+
+    variant: str
+    label: str
+    quantizer: str
+    bits: int
+    group_size: int | None
+    effective_bits: float | None
+    corrected: bool
+    correction: str
+    keys: bool
+    values: bool
+    bias_only: bool
+    psnr: Stat | None = None
+    ssim: Stat | None = None
+    lpips: Stat | None = None
+    lpips_status: str | None = None
+    delta_ps: Stat | None = None
+    jsd: Stat | None = None
+    out_mse: Stat | None = None
+    noise_var_ratio: Stat | None = None
+    noise_z_mean: Stat | None = None  # mean of δ/σ over cached scores: 0 for zero-mean noise
+    kv_cache_bytes: int | None = None
+    seconds: Stat | None = None
+    videos: int = 0
+    vbench: dict[str, Any] | None = None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.variant in REFERENCE_IDS
+
+    @property
+    def full(self) -> bool:
+        """Keys and values both stored by the method, no ablation."""
+        return self.keys and self.values and not self.bias_only
+
+    def mean(self, metric: str) -> float | None:
+        stat = getattr(self, metric)
+        return None if stat is None else stat.mean
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, Stat) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ResultRow:
+        """A row from its JSON form; ``ValueError`` naming the field when it is malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("a row is not an object")
+        variant = data.get("variant")
+        if not isinstance(variant, str):
+            raise ValueError("a row has no 'variant'")
+        if type(data.get("videos")) is not int:
+            raise ValueError(f"row {variant} has no 'videos' count")
+        kw: dict[str, Any] = {}
+        for f in fields(cls):
+            value = data.get(f.name)
+            if f.name in METRICS:
+                value = Stat.from_dict(value, f"row {variant}: {f.name}")
+            kw[f.name] = value
+        for key, kind in (("label", str), ("quantizer", str), ("correction", str)):
+            if not isinstance(kw[key], kind):
+                kw[key] = "" if kw[key] is None else str(kw[key])
+        for key in ("keys", "values"):
+            kw[key] = True if kw[key] is None else bool(kw[key])
+        kw["corrected"], kw["bias_only"] = bool(kw["corrected"]), bool(kw["bias_only"])
+        kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
+        return cls(**kw)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
