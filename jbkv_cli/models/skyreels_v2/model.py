@@ -28,7 +28,6 @@ RoPE at its window start; within the first ``window`` chunks the two agree exact
 from __future__ import annotations
 
 import copy
-import html
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -36,6 +35,7 @@ import torch
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.diffusers_wan import decode_wan, encode_umt5, vae_scale
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.skyreels_v2.attention import ChunkContext, chunk_attention
 from jbkv_cli.models.skyreels_v2.components import (
@@ -133,8 +133,7 @@ class SkyReelsV2:
     @property
     def vae_scale(self) -> tuple[int, int]:
         """(temporal, spatial) down-sampling of the VAE (4, 8 for Wan)."""
-        downsample = self.components.vae.config.temperal_downsample
-        return 2 ** sum(downsample), 2 ** len(downsample)
+        return vae_scale(self.components.vae)
 
     @property
     def num_frames(self) -> int:
@@ -145,21 +144,14 @@ class SkyReelsV2:
     def encode_prompt(self, text: str) -> torch.Tensor:
         """UMT5 embedding ``[1, max_len, text_dim]``, zero past the prompt's tokens."""
         c = self.components
-        text = " ".join(html.unescape(html.unescape(text)).split())
-        tokens = c.tokenizer(
-            [text],
-            padding="max_length",
-            max_length=c.max_sequence_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
+        return encode_umt5(
+            c.tokenizer,
+            c.text_encoder,
+            text,
+            c.max_sequence_length,
+            self.config.device,
+            c.transformer.dtype,
         )
-        device = next(c.text_encoder.parameters()).device
-        mask = tokens.attention_mask.to(device)
-        hidden = c.text_encoder(tokens.input_ids.to(device), mask).last_hidden_state
-        hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
-        return hidden.to(self.config.device, c.transformer.dtype)
 
     def predict(
         self,
@@ -201,13 +193,7 @@ class SkyReelsV2:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[1, C, F, h, w]`` -> uint8 frames ``[T, H, W, 3]`` on the CPU."""
-        vae = self.components.vae
-        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-        z = (latents * std.to(latents) + mean.to(latents)).to(vae.dtype)
-        video = vae.decode(z, return_dict=False)[0]  # [1, 3, T, H, W] in [-1, 1]
-        frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return frames.permute(1, 2, 3, 0).contiguous().cpu()
+        return decode_wan(self.components.vae, latents)
 
     def initial_noise(self, prompt: str, seed: int) -> torch.Tensor:
         """float32 noise ``[1, C, F, h, w]`` for the whole video, drawn on the CPU chunk by

@@ -1,0 +1,173 @@
+"""Parts shared by the adapters built on diffusers' Wan family (SkyReels-V2, Self-Forcing).
+
+Finding a diffusers-format directory (a local folder or a snapshot in the Hugging Face cache,
+never a download) and checking which of its parts are missing; the UMT5 prompt embedding and
+Wan-VAE decoding both reference pipelines use; casting a transformer while keeping diffusers'
+float32 islands; and tiny random stand-ins (Wan VAE, UMT5 encoder, a character-level tokenizer
+made in code) so whole generation paths run on a CPU in tests.
+"""
+
+from __future__ import annotations
+
+import html
+import string
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_TEXT_DIM = 32
+TINY_MAX_SEQUENCE_LENGTH = 16
+
+# part -> (files that must all exist, groups of which at least one file must exist)
+Required = dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]]
+WEIGHTS = ("*.safetensors", "*.bin")
+
+
+# --------------------------------------------------------------------------- finding weights
+
+
+def hf_cache_snapshot(repo_id: str) -> Path | None:
+    """The snapshot directory of ``repo_id`` in the local Hugging Face cache, if any."""
+    from huggingface_hub import constants
+
+    repo_dir = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo_dir / "snapshots"
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    if snapshots.is_dir():
+        found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+    return None
+
+
+def missing_parts(root: Path, required: Required) -> list[str]:
+    """Every required file absent under ``root``, as ``part/file`` (``a|b``: any of them)."""
+    missing: list[str] = []
+    for part, (files, any_of) in required.items():
+        folder = root / part
+        for name in files:
+            if not (folder / name).is_file():
+                missing.append(f"{part}/{name}")
+        for group in any_of:
+            if not any(next(folder.glob(pattern), None) for pattern in group):
+                missing.append(f"{part}/{'|'.join(group)}")
+    return missing
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- running
+
+
+def cast_keeping_fp32(transformer: Any, dtype: torch.dtype) -> None:
+    """Cast parameters to ``dtype`` except those of ``_keep_in_fp32_modules`` (rope, time
+    embedder, modulation tables, norms), as ``from_pretrained(torch_dtype=...)`` does."""
+    keep = set(getattr(transformer, "_keep_in_fp32_modules", None) or ())
+    for name, module in transformer.named_modules():
+        target = torch.float32 if keep & set(name.split(".")) else dtype
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(target)
+
+
+def encode_umt5(
+    tokenizer: Any, text_encoder: Any, text: str, max_length: int, device: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """UMT5 embedding ``[1, max_length, text_dim]`` of ``text``, zero past its tokens.
+
+    The prompt is cleaned as the Wan pipelines do (HTML entities unescaped twice, whitespace
+    collapsed); the encoder runs where its parameters are, the result goes to ``device``.
+    """
+    text = " ".join(html.unescape(html.unescape(text)).split())
+    tokens = tokenizer(
+        [text],
+        padding="max_length",
+        max_length=max_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    where = next(text_encoder.parameters()).device
+    mask = tokens.attention_mask.to(where)
+    hidden = text_encoder(tokens.input_ids.to(where), mask).last_hidden_state
+    hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
+    return hidden.to(device, dtype)
+
+
+def vae_scale(vae: Any) -> tuple[int, int]:
+    """(temporal, spatial) down-sampling of a Wan VAE (4, 8 for Wan 2.1)."""
+    downsample = vae.config.temperal_downsample
+    return 2 ** sum(downsample), 2 ** len(downsample)
+
+
+def decode_wan(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents ``[1, C, F, h, w]`` -> uint8 frames ``[T, H, W, 3]`` on the CPU.
+
+    ``z = latents · std + mean`` (the VAE config's per-channel statistics), decoded to [−1, 1]
+    and mapped to ``round((x + 1) · 127.5)``.
+    """
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    z = (latents * std.to(latents) + mean.to(latents)).to(vae.dtype)
+    video = vae.decode(z, return_dict=False)[0]  # [1, 3, T, H, W] in [-1, 1]
+    frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu()
+
+
+# --------------------------------------------------------------------------- tiny, in memory
+
+
+def tiny_tokenizer() -> Any:
+    """A character-level tokenizer (pad 0, eos 1, unk 2 as in T5/UMT5), built without files."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    symbols = string.ascii_letters + string.digits + string.punctuation
+    vocab = {token: i for i, token in enumerate(specials + list(symbols))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=TINY_MAX_SEQUENCE_LENGTH,
+    )
+
+
+def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:
+    """diffusers' tiny Wan VAE (base_dim 3, z_dim 16, 8x spatial, 4x temporal) and a 2-layer
+    UMT5 encoder of width :data:`TINY_TEXT_DIM`, randomly initialised from the global RNG."""
+    import diffusers
+    import transformers
+
+    vae = diffusers.AutoencoderKLWan(
+        base_dim=3,
+        z_dim=16,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    )
+    text_config = transformers.UMT5Config(
+        vocab_size=vocab_size,
+        d_model=TINY_TEXT_DIM,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+    )
+    return vae, transformers.UMT5EncoderModel(text_config)
