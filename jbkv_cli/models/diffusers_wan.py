@@ -171,3 +171,55 @@ def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:
         dropout_rate=0.0,
     )
     return vae, transformers.UMT5EncoderModel(text_config)
+
+
+# --------------------------------------------------------------------------- options
+
+ATTENTION_BACKENDS = ("fused", "flex", "reference")
+
+
+def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None) -> int:
+    """Whole chunks of ``chunk_frames`` latent frames for a ``num_frames``-frame video.
+
+    The Wan VAE maps F latent frames to ``4·(F − 1) + 1`` frames, so ``num_frames`` must be
+    ``4·(chunks·k − 1) + 1``; a ``num_chunks`` given as well must agree.
+    """
+    from jbkv_cli.errors import JbkvError
+
+    k = chunk_frames
+    latent = (num_frames - 1) // 4 + 1
+    if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
+        raise JbkvError(
+            f"num_frames={num_frames} is not 4·(chunks·{k} − 1) + 1 for whole chunks of {k} "
+            f"latent frames (e.g. {4 * (5 * k - 1) + 1} for 5 chunks)"
+        )
+    if num_chunks is not None and int(num_chunks) != latent // k:
+        raise JbkvError(f"num_frames={num_frames} and num_chunks={num_chunks} disagree")
+    return latent // k
+
+
+def runtime_options(options: dict[str, Any]) -> tuple[str, str, str | None]:
+    """``(device, dtype, attention_backend)`` from ``options``: cuda when available, bfloat16 on
+    cuda and float32 on cpu, jbkv's default backend; unknown values are one-line errors."""
+    from jbkv_cli.errors import JbkvError
+    from jbkv_cli.models.dtypes import dtype_from_name
+
+    device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = str(options.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32"))
+    dtype_from_name(dtype)
+    backend = options.get("attention_backend")
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        raise JbkvError(
+            f"unknown attention_backend {backend!r}; choose: {', '.join(ATTENTION_BACKENDS)}"
+        )
+    return device, dtype, backend
+
+
+def check_frame_size(values: dict[str, Any]) -> None:
+    """``height``/``width`` in ``values`` become ints, positive multiples of 16 (VAE 8 × patch 2)."""
+    from jbkv_cli.errors import JbkvError
+
+    for name in ("height", "width"):
+        values[name] = int(values[name])
+        if values[name] < 16 or values[name] % 16:
+            raise JbkvError(f"{name} must be a positive multiple of 16, got {values[name]}")

@@ -25,6 +25,7 @@ from torch import nn
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.magi1.config import Magi1Variant
+from jbkv_cli.models.state_dicts import check_state_dict as check_keys_and_shapes
 
 ENV_VAR = "JBKV_MAGI1_DIR"
 HF_REPO = "sand-ai/MAGI-1"
@@ -150,21 +151,7 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], what: str
         raise JbkvError(
             f"{what}: FP8-quantized checkpoint (weight_scale/input_scale keys) is not supported"
         )
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(
-        f"{k} {tuple(state[k].shape)} != {expected[k]}"
-        for k in set(expected) & set(state)
-        if tuple(state[k].shape) != expected[k]
-    )
-    problems = []
-    for label, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
-        if items:
-            shown = ", ".join(items[:5]) + (f", … ({len(items)} in all)" if len(items) > 5 else "")
-            problems.append(f"{label}: {shown}")
-    if problems:
-        raise JbkvError(f"{what} does not match the model: " + "; ".join(problems))
+    check_keys_and_shapes(model, state, what)
 
 
 def load_strict(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> nn.Module:

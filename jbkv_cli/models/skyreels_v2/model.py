@@ -35,7 +35,14 @@ import torch
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.base import ProgressFn, Video
-from jbkv_cli.models.diffusers_wan import decode_wan, encode_umt5, vae_scale
+from jbkv_cli.models.diffusers_wan import (
+    check_frame_size,
+    chunks_for_frames,
+    decode_wan,
+    encode_umt5,
+    runtime_options,
+    vae_scale,
+)
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.skyreels_v2.attention import ChunkContext, chunk_attention
 from jbkv_cli.models.skyreels_v2.components import (
@@ -108,7 +115,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         fps=24,
     ),
 }
-ATTENTION_BACKENDS = ("fused", "flex", "reference")
 OPTIONS = frozenset(
     {"config", "weights", "num_frames", "device", "dtype", "attention_backend", "init_seed"}
     | set(PRESETS["df-1.3b-540p"])
@@ -281,18 +287,9 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
     config = options["config"]
     values = PRESETS[config] | {k: v for k, v in options.items() if k in PRESETS[config]}
     if "num_frames" in options:
-        num_frames, k = int(options["num_frames"]), int(values["chunk_frames"])
-        latent = (num_frames - 1) // 4 + 1
-        if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
-            raise JbkvError(
-                f"num_frames={num_frames} is not 4·(chunks·{k} − 1) + 1 for whole chunks of {k} "
-                f"latent frames (e.g. {4 * (5 * k - 1) + 1} for 5 chunks)"
-            )
-        if "num_chunks" in options and int(options["num_chunks"]) != latent // k:
-            raise JbkvError(
-                f"num_frames={num_frames} and num_chunks={options['num_chunks']} disagree"
-            )
-        values["num_chunks"] = latent // k
+        values["num_chunks"] = chunks_for_frames(
+            int(options["num_frames"]), int(values["chunk_frames"]), options.get("num_chunks")
+        )
     for name in ("steps", "chunk_frames", "num_chunks"):
         values[name] = int(values[name])
         if values[name] < 1:
@@ -303,19 +300,9 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
             raise JbkvError(
                 f"window must be >= 1 chunk (or None: keep all), got {values['window']}"
             )
-    for name in ("height", "width"):
-        values[name] = int(values[name])
-        if values[name] < 16 or values[name] % 16:
-            raise JbkvError(f"{name} must be a positive multiple of 16, got {values[name]}")
+    check_frame_size(values)
     values["guidance"], values["shift"] = float(values["guidance"]), float(values["shift"])
-    device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = str(options.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32"))
-    dtype_from_name(dtype)
-    backend = options.get("attention_backend")
-    if backend is not None and backend not in ATTENTION_BACKENDS:
-        raise JbkvError(
-            f"unknown attention_backend {backend!r}; choose: {', '.join(ATTENTION_BACKENDS)}"
-        )
+    device, dtype, backend = runtime_options(options)
     return SkyReelsSettings(
         config=config,
         weights=options.get("weights"),
