@@ -63,11 +63,12 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import experiment, fidelity, vbench
+    from jbkv_cli.commands import convert, experiment, fidelity, vbench
 
     experiment.register(app)
     fidelity.register(app)
     vbench.register(app)
+    convert.register(app)
 
 
 _register_commands()

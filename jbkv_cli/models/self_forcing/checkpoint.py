@@ -95,10 +95,10 @@ def diffusers_name(name: str) -> str | None:
 
 def strip_wrappers(name: str) -> str:
     """``model._fsdp_wrapped_module.blocks.0…`` → ``blocks.0…``: drop FSDP/compile wrapper names
-    anywhere and the generator wrapper's leading ``model.``."""
+    anywhere, then PEFT's leading ``base_model.model.`` or the generator wrapper's ``model.``."""
     for wrapper in WRAPPERS:
         name = name.replace(wrapper, "")
-    return name.removeprefix("model.")
+    return name.removeprefix(LORA_PREFIX).removeprefix("model.")
 
 
 def to_diffusers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -139,12 +139,21 @@ def read_tensors(path: Path) -> object:
                 raise
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise JbkvError(
-            f"{path} needs pickle code beyond tensors and containers; jbkv loads checkpoints with "
-            f"weights_only=True and never runs it ({first_line(exc)})"
-        ) from exc
+        reason = _unpickler_reason(exc)
+        if "Unsupported global" in reason:
+            raise JbkvError(
+                f"{path} needs pickle code to load ({reason}); jbkv reads checkpoints with "
+                "torch.load(weights_only=True) and never runs it"
+            ) from exc
+        raise JbkvError(f"cannot read checkpoint {path}: {reason}") from exc
     except (RuntimeError, OSError, EOFError, ValueError) as exc:
         raise JbkvError(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
+
+
+def _unpickler_reason(exc: BaseException) -> str:
+    """The useful sentence of torch's weights-only error (what the unpickler refused)."""
+    text = str(exc).split("WeightsUnpickler error:", 1)[-1].strip()
+    return text.split("\n")[0].split(". ")[0].strip() or first_line(exc)
 
 
 def _tensor_dict(obj: object) -> bool:
@@ -202,7 +211,7 @@ def merge_lora(
         match = re.fullmatch(r"(.+)\.lora_([AB])(?:\.default)?\.weight", name)
         if match is None:
             raise JbkvError(f"unexpected LoRA key {name} (want <module>.lora_A/B.weight)")
-        module = strip_wrappers(match.group(1).removeprefix(LORA_PREFIX))
+        module = strip_wrappers(match.group(1))
         pairs.setdefault(module, {})[match.group(2)] = tensor
     merged = dict(state)
     problems = []

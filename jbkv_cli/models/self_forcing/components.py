@@ -59,6 +59,23 @@ BASE_DIR = "Wan2.1-T2V-1.3B-Diffusers"
 TRANSFORMER_CLASS = "WanTransformer3DModel"
 MAX_SEQUENCE_LENGTH = 512  # UMT5 tokens, as upstream's text encoder wrapper
 
+# transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B-Diffusers (= upstream wan_t2v_1_3B.py)
+WAN_T2V_1_3B = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=12,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=8960,
+    num_layers=30,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+    rope_max_seq_len=1024,
+)
+
 _BASE_REQUIRED: Required = {
     "transformer": (("config.json",), ()),
     "vae": (("config.json",), (WEIGHTS,)),
@@ -165,7 +182,9 @@ def locate(
         )
     missing: list[str] = []
     base_dir = _base_dir(base, root, missing)
-    if base_dir is not None:
+    if base_dir is not None and not base_dir.is_dir():
+        missing.append(f"{base_dir}/ ({BASE_REPO}, diffusers format)")
+    elif base_dir is not None:
         missing += [str(base_dir / p) for p in missing_parts(base_dir, _BASE_REQUIRED)]
     gen = _file(generator, root, spec.repo_id, spec.file, missing)
     lora_path = None
