@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.models.base import Video
+
 TINY_TEXT_DIM = 32
 TINY_MAX_SEQUENCE_LENGTH = 16
 
@@ -100,6 +102,29 @@ def encode_umt5(
     return hidden.to(device, dtype)
 
 
+def chunk_video(
+    components: Any, config: Any, latents: torch.Tensor, label: str, info: dict[str, Any]
+) -> Video:
+    """Decode ``latents`` with ``components.vae`` into a :class:`Video` whose info records the
+    run settings (``config``: dtype, device, chunk_frames, num_chunks, window, fps), the cache
+    variant ``label``, the weights and ``info`` (with ``kv_cache_bytes``)."""
+    with torch.no_grad():
+        frames = decode_wan(components.vae, latents)
+    record = {
+        "dtype": config.dtype,
+        "device": config.device,
+        "chunk_frames": config.chunk_frames,
+        "num_chunks": config.num_chunks,
+        "window": config.window,
+        "kv": label,
+        "weights": components.source,
+        **info,
+    }
+    return Video(
+        frames=frames, fps=float(config.fps), kv_cache_bytes=info["kv_cache_bytes"], info=record
+    )
+
+
 def vae_scale(vae: Any) -> tuple[int, int]:
     """(temporal, spatial) down-sampling of a Wan VAE (4, 8 for Wan 2.1)."""
     downsample = vae.config.temperal_downsample
@@ -145,6 +170,41 @@ def tiny_tokenizer() -> Any:
         unk_token="<unk>",
         model_max_length=TINY_MAX_SEQUENCE_LENGTH,
     )
+
+
+# diffusers' tiny Wan test transformer, except attention_head_dim = 32 (12 upstream) so that
+# the default quantization group g = 32 divides the head dim.
+TINY_WAN_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    text_dim=TINY_TEXT_DIM,
+    freq_dim=256,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+
+
+def tiny_parts(transformer_cls: Any, seed: int, dtype: torch.dtype) -> tuple[Any, Any, Any, Any]:
+    """``(transformer, vae, text_encoder, tokenizer)``: ``transformer_cls(**TINY_WAN_TRANSFORMER)``
+    and the tiny VAE / UMT5 / tokenizer, random from ``seed`` (the global RNG is left untouched),
+    in eval mode; transformer (keeping diffusers' fp32 modules) and text encoder in ``dtype``."""
+    tokenizer = tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = transformer_cls(**TINY_WAN_TRANSFORMER)
+        vae, text_encoder = tiny_vae_and_text_encoder(len(tokenizer))
+    for module in (transformer, vae, text_encoder):
+        module.eval().requires_grad_(False)
+    if dtype != torch.float32:
+        cast_keeping_fp32(transformer, dtype)
+        text_encoder.to(dtype)
+    return transformer, vae, text_encoder, tokenizer
 
 
 def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:

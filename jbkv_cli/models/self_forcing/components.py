@@ -35,15 +35,13 @@ import torch
 from jbkv_cli.errors import WeightsNotFoundError
 from jbkv_cli.models.diffusers_wan import (
     TINY_MAX_SEQUENCE_LENGTH,
-    TINY_TEXT_DIM,
     WEIGHTS,
     Required,
     cast_keeping_fp32,
     first_line,
     hf_cache_snapshot,
     missing_parts,
-    tiny_tokenizer,
-    tiny_vae_and_text_encoder,
+    tiny_parts,
 )
 from jbkv_cli.models.self_forcing.checkpoint import (
     merge_lora,
@@ -284,21 +282,6 @@ def load_components(
 
 # --------------------------------------------------------------------------- tiny, in memory
 
-TINY_TRANSFORMER = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=32,
-    in_channels=16,
-    out_channels=16,
-    text_dim=TINY_TEXT_DIM,
-    freq_dim=256,
-    ffn_dim=32,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=32,
-)
-
 
 def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Components:
     """A tiny random ``WanTransformer3DModel`` (diffusers' Wan test config: patch (1, 2, 2),
@@ -308,16 +291,9 @@ def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Compon
     """
     import diffusers
 
-    tokenizer = tiny_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = diffusers.WanTransformer3DModel(**TINY_TRANSFORMER)
-        vae, text_encoder = tiny_vae_and_text_encoder(len(tokenizer))
-    for module in (transformer, vae, text_encoder):
-        module.eval().requires_grad_(False)
-    if dtype != torch.float32:
-        cast_keeping_fp32(transformer, dtype)
-        text_encoder.to(dtype)
+    transformer, vae, text_encoder, tokenizer = tiny_parts(
+        diffusers.WanTransformer3DModel, seed, dtype
+    )
     return Components(
         transformer=transformer,
         vae=vae,

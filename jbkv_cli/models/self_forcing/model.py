@@ -43,8 +43,8 @@ from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
     check_frame_size,
+    chunk_video,
     chunks_for_frames,
-    decode_wan,
     encode_umt5,
     runtime_options,
     vae_scale,
@@ -268,24 +268,8 @@ class SelfForcing:
     ) -> Video:
         """Generate one video; the noise depends only on (prompt, seed, settings)."""
         latents, cache_info = self.generate_latents(prompt, seed, kv, progress=progress)
-        with torch.no_grad():
-            frames = decode_wan(self.components.vae, latents)
-        s = self.config
-        info = {
-            "dtype": s.dtype,
-            "device": s.device,
-            "timesteps": self.settings["timesteps"],
-            "chunk_frames": s.chunk_frames,
-            "num_chunks": s.num_chunks,
-            "window": s.window,
-            "kv": kv.label,
-            "clean_context": CLEAN_CONTEXT,
-            "weights": self.components.source,
-            **cache_info,
-        }
-        return Video(
-            frames=frames, fps=float(s.fps), kv_cache_bytes=cache_info["kv_cache_bytes"], info=info
-        )
+        info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
+        return chunk_video(self.components, self.config, latents, kv.label, info | cache_info)
 
 
 # --------------------------------------------------------------------------- loading

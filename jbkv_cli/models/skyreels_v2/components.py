@@ -26,13 +26,11 @@ import torch
 from jbkv_cli.errors import WeightsNotFoundError
 from jbkv_cli.models.diffusers_wan import (
     TINY_MAX_SEQUENCE_LENGTH,
-    TINY_TEXT_DIM,
-    cast_keeping_fp32,
     first_line,
     hf_cache_snapshot,
-    tiny_tokenizer,
-    tiny_vae_and_text_encoder,
+    tiny_parts,
 )
+from jbkv_cli.models.diffusers_wan import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
 from jbkv_cli.models.diffusers_wan import missing_parts as shared_missing_parts
 
 DEFAULT_REPO_ID = "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers"
@@ -175,32 +173,12 @@ def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Compon
     """
     import diffusers
 
-    tokenizer = tiny_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = diffusers.SkyReelsV2Transformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=32,
-            in_channels=16,
-            out_channels=16,
-            text_dim=TINY_TEXT_DIM,
-            freq_dim=256,
-            ffn_dim=32,
-            num_layers=2,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            rope_max_seq_len=32,
-        )
-        vae, text_encoder = tiny_vae_and_text_encoder(len(tokenizer))
+    transformer, vae, text_encoder, tokenizer = tiny_parts(
+        diffusers.SkyReelsV2Transformer3DModel, seed, dtype
+    )
     scheduler = diffusers.UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=8.0
     )
-    for module in (transformer, vae, text_encoder):
-        module.eval().requires_grad_(False)
-    if dtype != torch.float32:
-        cast_keeping_fp32(transformer, dtype)
-        text_encoder.to(dtype)
     return Components(
         transformer=transformer,
         vae=vae,

@@ -37,6 +37,7 @@ from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import (
     check_frame_size,
+    chunk_video,
     chunks_for_frames,
     decode_wan,
     encode_umt5,
@@ -260,24 +261,8 @@ class SkyReelsV2:
     ) -> Video:
         """Generate one video; the initial noise depends only on (prompt, seed, settings)."""
         latents, cache_info = self.generate_latents(prompt, seed, kv, progress=progress)
-        with torch.no_grad():
-            frames = self.decode(latents)
-        s = self.config
-        info = {
-            "dtype": s.dtype,
-            "device": s.device,
-            "steps": s.steps,
-            "chunk_frames": s.chunk_frames,
-            "num_chunks": s.num_chunks,
-            "window": s.window,
-            "kv": kv.label,
-            "clean_context": CLEAN_CONTEXT,
-            "weights": self.components.source,
-            **cache_info,
-        }
-        return Video(
-            frames=frames, fps=float(s.fps), kv_cache_bytes=cache_info["kv_cache_bytes"], info=info
-        )
+        info = {"steps": self.config.steps, "clean_context": CLEAN_CONTEXT, **cache_info}
+        return chunk_video(self.components, self.config, latents, kv.label, info)
 
 
 # --------------------------------------------------------------------------- loading

@@ -11,7 +11,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("diffusers")
 
@@ -32,29 +31,6 @@ K = 3  # latent frames per chunk (Self-Forcing's num_frame_per_block)
 TOKENS = 4  # tokens per latent frame at 32x32 pixels (4x4 latents, 2x2 patches)
 INT2 = KVSpec(quantizer="rtn", bits=2)
 INT2_TAYLOR = KVSpec(quantizer="rtn", bits=2, correction="taylor")
-
-
-class PlainCache:
-    """The unquantized cache without jbkv: concatenate and call SDPA."""
-
-    def __init__(self, spec=None, window=None):
-        self.k, self.v, self.window = [], [], window
-
-    def attend(self, q, k_cur, v_cur, scale, backend=None):
-        keys = torch.cat([*self.k, k_cur], dim=-2)
-        values = torch.cat([*self.v, v_cur], dim=-2)
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
-
-    def commit(self, k, v):
-        self.k, self.v = [*self.k, k], [*self.v, v]
-        if self.window is not None:
-            self.k, self.v = self.k[-self.window :], self.v[-self.window :]
-
-    @property
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    working_nbytes = 0
 
 
 @pytest.fixture(scope="module")
@@ -211,12 +187,12 @@ def test_self_forcing_cache_keeps_what_longlives_ring_buffer_keeps(local_attn_si
         cache.commit(ids.clone(), ids.clone())  # constant per token: INT2 stores it exactly
 
 
-def test_self_forcing_16bit_cache_is_bit_identical_to_plain_concat(tiny):
+def test_self_forcing_16bit_cache_is_bit_identical_to_plain_concat(tiny, plain_cache):
     transformer = tiny.transformer
     latents, text, per_chunk = _inputs(3)
     with torch.no_grad():
         plain = _chunk_loop(
-            transformer, latents, text, per_chunk, [PlainCache() for _ in transformer.blocks]
+            transformer, latents, text, per_chunk, [plain_cache() for _ in transformer.blocks]
         )
         jbkv = _chunk_loop(
             transformer,
@@ -228,9 +204,9 @@ def test_self_forcing_16bit_cache_is_bit_identical_to_plain_concat(tiny):
     assert torch.equal(plain, jbkv)
 
 
-def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch):
+def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch, plain_cache):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sf, "ChunkKVCache", PlainCache)
+    monkeypatch.setattr(sf, "ChunkKVCache", plain_cache)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 
