@@ -10,6 +10,7 @@ made in code) so whole generation paths run on a CPU in tests.
 from __future__ import annotations
 
 import html
+import json
 import string
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,24 @@ def missing_parts(root: Path, required: Required) -> list[str]:
             if not any(next(folder.glob(pattern), None) for pattern in group):
                 missing.append(f"{part}/{'|'.join(group)}")
     return missing
+
+
+def transformer_config(root: Path, class_name: str, expected: str) -> dict[str, Any]:
+    """``root/transformer/config.json``; a malformed file or another ``_class_name`` is one
+    :class:`WeightsNotFoundError` (``expected`` says what should be there)."""
+    from jbkv_cli.errors import WeightsNotFoundError
+
+    path = root / "transformer" / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsNotFoundError(f"malformed {path}: {first_line(exc)}") from exc
+    found = config.get("_class_name") if isinstance(config, dict) else None
+    if found != class_name:
+        raise WeightsNotFoundError(
+            f"{path} describes {found!r}, not a {class_name}; expected {expected}"
+        )
+    return config
 
 
 def first_line(exc: BaseException) -> str:
@@ -236,6 +255,27 @@ def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- options
 
 ATTENTION_BACKENDS = ("fused", "flex", "reference")
+
+
+def checked_options(
+    model: str, options: dict[str, Any], known: frozenset[str], configs: Any, default: str
+) -> dict[str, Any]:
+    """``options`` without None values and with ``config`` set (``default`` when absent);
+    unknown option names or configs are one-line errors naming the choices."""
+    from jbkv_cli.errors import JbkvError
+
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise JbkvError(
+            f"unknown {model} option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    options.setdefault("config", default)
+    if options["config"] not in configs:
+        raise JbkvError(
+            f"unknown {model} config {options['config']!r}; choose: {', '.join(configs)}"
+        )
+    return options
 
 
 def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None) -> int:

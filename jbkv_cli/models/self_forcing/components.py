@@ -24,7 +24,6 @@ with the tiny Wan VAE, UMT5 encoder and tokenizer, so the whole path runs on a C
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from jbkv_cli.models.diffusers_wan import (
     hf_cache_snapshot,
     missing_parts,
     tiny_parts,
+    transformer_config,
 )
 from jbkv_cli.models.self_forcing.checkpoint import (
     merge_lora,
@@ -201,20 +201,6 @@ def locate(
 # --------------------------------------------------------------------------- loading
 
 
-def _transformer_config(base: Path) -> dict[str, Any]:
-    path = base / "transformer" / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsNotFoundError(f"malformed {path}: {first_line(exc)}") from exc
-    found = config.get("_class_name") if isinstance(config, dict) else None
-    if found != TRANSFORMER_CLASS:
-        raise WeightsNotFoundError(
-            f"{path} describes {found!r}, not a {TRANSFORMER_CLASS}; expected {BASE_REPO}"
-        )
-    return config
-
-
 def build_transformer(
     config: dict[str, Any], state: dict[str, torch.Tensor], dtype: torch.dtype, what: str
 ) -> Any:
@@ -251,7 +237,7 @@ def load_components(
     import diffusers
     import transformers
 
-    config = _transformer_config(paths.base)
+    config = transformer_config(paths.base, TRANSFORMER_CLASS, BASE_REPO)
     transformer = build_transformer(
         config, generator_state(paths, ema, lora_alpha), dtype, f"generator {paths.generator}"
     )

@@ -43,6 +43,7 @@ from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
     check_frame_size,
+    checked_options,
     chunk_video,
     chunks_for_frames,
     encode_umt5,
@@ -336,17 +337,7 @@ def load_model(**options: Any) -> SelfForcing:
     float32 on cpu), ``attention_backend`` (fused, flex, reference), ``init_seed``
     (tiny-random weights, 0).
     """
-    options = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(options) - OPTIONS)
-    if unknown:
-        raise JbkvError(
-            f"unknown self-forcing option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTIONS))}"
-        )
-    options.setdefault("config", "self-forcing-dmd")
-    if options["config"] not in PRESETS:
-        raise JbkvError(
-            f"unknown self-forcing config {options['config']!r}; choose: {', '.join(PRESETS)}"
-        )
+    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
     tiny = options["config"] == "tiny-random"
     given = sorted({"weights", "base", "generator", "lora"} & set(options))
     if tiny and given:

@@ -15,7 +15,6 @@ whole generation path runs on a CPU in tests.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from jbkv_cli.models.diffusers_wan import (
     first_line,
     hf_cache_snapshot,
     tiny_parts,
+    transformer_config,
 )
 from jbkv_cli.models.diffusers_wan import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
 from jbkv_cli.models.diffusers_wan import missing_parts as shared_missing_parts
@@ -104,17 +104,11 @@ def check_weights_dir(root: Path) -> None:
             f"incomplete SkyReels-V2 weights directory {root}: missing {', '.join(missing)} "
             f"(expected the diffusers layout of {DEFAULT_REPO_ID})"
         )
-    config_path = root / "transformer" / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsNotFoundError(f"malformed {config_path}: {exc}") from exc
-    found = config.get("_class_name") if isinstance(config, dict) else None
-    if found != TRANSFORMER_CLASS:
-        raise WeightsNotFoundError(
-            f"{config_path} describes {found!r}, not a {TRANSFORMER_CLASS}; "
-            f"expected a SkyReels-V2 diffusion-forcing checkpoint such as {DEFAULT_REPO_ID}"
-        )
+    transformer_config(
+        root,
+        TRANSFORMER_CLASS,
+        f"a SkyReels-V2 diffusion-forcing checkpoint such as {DEFAULT_REPO_ID}",
+    )
 
 
 def load_components(root: Path, dtype: torch.dtype) -> Components:

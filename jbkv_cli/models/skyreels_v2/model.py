@@ -37,6 +37,7 @@ from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import (
     check_frame_size,
+    checked_options,
     chunk_video,
     chunks_for_frames,
     decode_wan,
@@ -309,17 +310,7 @@ def load_model(**options: Any) -> SkyReelsV2:
     (cuda if available), ``dtype`` (bfloat16 on cuda, float32 on cpu), ``attention_backend``
     (jbkv's: fused, flex, reference), ``init_seed`` (tiny-random weights, 0).
     """
-    options = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(options) - OPTIONS)
-    if unknown:
-        raise JbkvError(
-            f"unknown skyreels-v2 option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTIONS))}"
-        )
-    options.setdefault("config", "df-1.3b-540p")
-    if options["config"] not in PRESETS:
-        raise JbkvError(
-            f"unknown skyreels-v2 config {options['config']!r}; choose: {', '.join(PRESETS)}"
-        )
+    options = checked_options("skyreels-v2", options, OPTIONS, PRESETS, "df-1.3b-540p")
     if options["config"] == "tiny-random" and "weights" in options:
         raise JbkvError("config=tiny-random builds random weights; do not pass weights")
     settings = _settings(options)
