@@ -276,7 +276,8 @@ class SelfForcing:
 # --------------------------------------------------------------------------- loading
 
 
-def _settings(options: dict[str, Any]) -> SelfForcingSettings:
+def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
+    """Settings from checked ``options`` (``config`` set): the preset, overridden, validated."""
     config = options["config"]
     preset = PRESETS[config]
     values = preset | {k: v for k, v in options.items() if k in preset}
@@ -342,7 +343,7 @@ def load_model(**options: Any) -> SelfForcing:
     given = sorted({"weights", "base", "generator", "lora"} & set(options))
     if tiny and given:
         raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
-    settings = _settings(options)
+    settings = build_settings(options)
     dtype = dtype_from_name(settings.dtype)
     if tiny:
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)

@@ -293,3 +293,129 @@ def test_self_forcing_lora_that_does_not_fit(weights_root, tmp_path):
     save_file(bad, str(root / "models" / "lora.safetensors"))
     with pytest.raises(JbkvError, match="LoRA does not fit"):
         sf.load_model(config="longlive", weights=str(root), **SMALL)
+
+
+# --------------------------------------------------------------------------- the names mean the same
+
+
+def _upstream_forward(w, x, t, text, start_frame=0, heads=2, eps=1e-6):
+    """Upstream ``CausalWanModel`` on one chunk (it attends to itself only), written from the
+    module math of Self-Forcing's ``wan/modules/{model,causal_model}.py`` and addressing the
+    weights by upstream names: patch embedding; sinusoidal time embedding (cos | sin) →
+    ``time_embedding`` → ``time_projection`` (6 modulation vectors); ``text_embedding``; per
+    block: self-attention on ``norm1(x)(1 + e1) + e0`` with RMS q/k norms and complex RoPE on
+    interleaved pairs starting at ``start_frame``, gate e2; cross-attention on the affine
+    ``norm3``; FFN on ``norm2(x)(1 + e4) + e3``, gate e5; head on ``norm(x)(1 + h1) + h0``."""
+
+    import torch.nn.functional as F
+
+    def lin(name, v):
+        return F.linear(v, w[f"{name}.weight"], w[f"{name}.bias"])
+
+    def rms(name, v):
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w[f"{name}.weight"]
+
+    def ln(v, name=None):
+        affine = (w[f"{name}.weight"], w[f"{name}.bias"]) if name else (None, None)
+        return F.layer_norm(v, v.shape[-1:], *affine, eps=eps)
+
+    conv = w["patch_embedding.weight"]
+    dim, d = conv.shape[0], conv.shape[0] // heads
+    h = F.conv3d(x, conv, w["patch_embedding.bias"], stride=conv.shape[2:])
+    f, gh, gw = h.shape[2:]
+    h = h.flatten(2).transpose(1, 2)  # [1, L, dim]
+    half = w["time_embedding.0.weight"].shape[1] // 2
+    angle = torch.tensor([t], dtype=torch.float64)[:, None] * torch.pow(
+        10000, -torch.arange(half, dtype=torch.float64) / half
+    )
+    sinus = torch.cat([angle.cos(), angle.sin()], dim=1).float()
+    e = lin("time_embedding.2", F.silu(lin("time_embedding.0", sinus)))
+    e0 = lin("time_projection.1", F.silu(e)).unflatten(1, (6, dim))  # [1, 6, dim]
+    ctx = lin("text_embedding.2", F.gelu(lin("text_embedding.0", text), approximate="tanh"))
+    c = d // 2
+    parts = [c - 2 * (c // 3), c // 3, c // 3]  # complex pairs for (frame, row, column)
+
+    def table(n, pairs, offset=0):
+        inv = 1.0 / torch.pow(
+            10000, torch.arange(0, 2 * pairs, 2, dtype=torch.float64) / (2 * pairs)
+        )
+        return torch.polar(
+            torch.ones(n, pairs, dtype=torch.float64),
+            torch.outer(torch.arange(offset, offset + n).double(), inv),
+        )
+
+    rot = torch.cat(
+        [
+            table(f, parts[0], start_frame)[:, None, None].expand(f, gh, gw, -1),
+            table(gh, parts[1])[None, :, None].expand(f, gh, gw, -1),
+            table(gw, parts[2])[None, None, :].expand(f, gh, gw, -1),
+        ],
+        dim=-1,
+    ).reshape(-1, 1, c)
+
+    def rope(v):  # [1, L, H, d]
+        z = torch.view_as_complex(v.double().reshape(*v.shape[:3], c, 2)) * rot
+        return torch.view_as_real(z).flatten(3).float()
+
+    def attention(q, k, v):
+        q, k, v = (u.transpose(1, 2) for u in (q, k, v))
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
+
+    i = 0
+    while f"blocks.{i}.modulation" in w:
+        p = f"blocks.{i}."
+        m = (w[p + "modulation"] + e0).chunk(6, dim=1)
+        y = ln(h) * (1 + m[1]) + m[0]
+        q = rope(rms(p + "self_attn.norm_q", lin(p + "self_attn.q", y)).unflatten(2, (heads, d)))
+        k = rope(rms(p + "self_attn.norm_k", lin(p + "self_attn.k", y)).unflatten(2, (heads, d)))
+        v = lin(p + "self_attn.v", y).unflatten(2, (heads, d))
+        h = h + lin(p + "self_attn.o", attention(q, k, v)) * m[2]
+        y = ln(h, p + "norm3")
+        q = rms(p + "cross_attn.norm_q", lin(p + "cross_attn.q", y)).unflatten(2, (heads, d))
+        k = rms(p + "cross_attn.norm_k", lin(p + "cross_attn.k", ctx)).unflatten(2, (heads, d))
+        v = lin(p + "cross_attn.v", ctx).unflatten(2, (heads, d))
+        h = h + lin(p + "cross_attn.o", attention(q, k, v))
+        y = ln(h) * (1 + m[4]) + m[3]
+        h = h + lin(p + "ffn.2", F.gelu(lin(p + "ffn.0", y), approximate="tanh")) * m[5]
+        i += 1
+    hm = (w["head.modulation"] + e[:, None]).chunk(2, dim=1)
+    out = lin("head.head", ln(h) * (1 + hm[1]) + hm[0])  # [1, L, p_t·p_h·p_w·C]
+    pt, ph, pw = conv.shape[2:]
+    out = out[0].view(f, gh, gw, pt, ph, pw, -1)
+    out = torch.einsum("fhwpqrc->cfphqwr", out)
+    return out.reshape(1, -1, f * pt, gh * ph, gw * pw)
+
+
+@pytest.mark.parametrize(
+    ("t", "atol"),
+    # diffusers computes the sinusoidal timestep embedding in float32, upstream in float64: the
+    # angle error grows with t (max |diff| 4e-6 at t = 0, 1e-4 at 250, 4e-4 at 937.5 here)
+    [(0.0, 1e-5), (937.5, 1e-3)],
+)
+@pytest.mark.parametrize("start_frame", [0, 6])
+def test_self_forcing_mapped_weights_compute_what_upstream_computes(
+    tiny, start_frame, t, atol, plain_cache
+):
+    """Upstream names through upstream's math == diffusers names through diffusers' model,
+    chunk starting at ``start_frame`` (upstream's ``causal_rope_apply`` offset)."""
+    import copy
+
+    from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
+
+    g = torch.Generator().manual_seed(2)
+    transformer = copy.deepcopy(tiny.transformer)
+    with torch.no_grad():  # no parameter left at an initial 0 or 1: a swapped name must show
+        for param in transformer.parameters():
+            param.add_(0.2 * torch.randn(param.shape, generator=g))
+    upstream = {strip_wrappers(k): v for k, v in _upstream_state(transformer).items()}
+    x = torch.randn(1, 16, 3, 4, 4, generator=g)
+    text = torch.randn(1, 8, 32, generator=g)
+    with torch.no_grad():
+        expected = _upstream_forward(upstream, x, t, text, start_frame)
+        context = ChunkContext(caches=[plain_cache() for _ in transformer.blocks])
+        context.frame_offset = start_frame
+        with cached_self_attention(transformer, context):
+            got = transformer(x, torch.tensor([t]), text, return_dict=False)[0]
+    diff = (got - expected).abs().max()
+    print(f"t {t} start {start_frame}: max |diffusers - upstream| = {diff:.2e}")
+    torch.testing.assert_close(got, expected, atol=atol, rtol=0)
