@@ -167,7 +167,6 @@ def locate(
     base: str | None = None,
     generator: str | None = None,
     lora: str | None = None,
-    use_lora: bool = True,
 ) -> WeightPaths:
     """Resolve base directory, generator and LoRA files; one error lists everything missing."""
     spec = GENERATORS[config]
@@ -186,7 +185,7 @@ def locate(
         missing += [str(base_dir / p) for p in missing_parts(base_dir, _BASE_REQUIRED)]
     gen = _file(generator, root, spec.repo_id, spec.file, missing)
     lora_path = None
-    if use_lora and (lora is not None or spec.lora is not None):
+    if lora is not None or spec.lora is not None:
         lora_path = _file(lora, root, spec.repo_id, spec.lora or "", missing)
     if missing:
         raise WeightsNotFoundError(

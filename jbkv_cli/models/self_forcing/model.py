@@ -52,7 +52,6 @@ from jbkv_cli.models.diffusers_wan import (
 )
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.self_forcing.components import (
-    GENERATORS,
     Components,
     load_components,
     locate,
@@ -348,14 +347,8 @@ def load_model(**options: Any) -> SelfForcing:
     if tiny:
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
     else:
-        paths = locate(
-            settings.config,
-            settings.weights,
-            settings.base,
-            settings.generator,
-            settings.lora,
-            use_lora=GENERATORS[settings.config].lora is not None or settings.lora is not None,
-        )
+        s = settings
+        paths = locate(s.config, s.weights, s.base, s.generator, s.lora)
         settings = replace(
             settings,
             base=str(paths.base),
