@@ -3,8 +3,9 @@
 Finding a diffusers-format directory (a local folder or a snapshot in the Hugging Face cache,
 never a download) and checking which of its parts are missing; the UMT5 prompt embedding and
 Wan-VAE decoding both reference pipelines use; casting a transformer while keeping diffusers'
-float32 islands; and tiny random stand-ins (Wan VAE, UMT5 encoder, a character-level tokenizer
-made in code) so whole generation paths run on a CPU in tests.
+float32 islands; decoding a chunk loop's latents into a :class:`Video`; the option checks both
+adapters make; and tiny random stand-ins (Wan VAE, UMT5 encoder, a character-level tokenizer made
+in code) so whole generation paths run on a CPU in tests.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.base import Video
+from jbkv_cli.models.dtypes import dtype_from_name
 
 TINY_TEXT_DIM = 32
 TINY_MAX_SEQUENCE_LENGTH = 16
@@ -62,8 +65,6 @@ def missing_parts(root: Path, required: Required) -> list[str]:
 def transformer_config(root: Path, class_name: str, expected: str) -> dict[str, Any]:
     """``root/transformer/config.json``; a malformed file or another ``_class_name`` is one
     :class:`WeightsNotFoundError` (``expected`` says what should be there)."""
-    from jbkv_cli.errors import WeightsNotFoundError
-
     path = root / "transformer" / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -262,8 +263,6 @@ def checked_options(
 ) -> dict[str, Any]:
     """``options`` without None values and with ``config`` set (``default`` when absent);
     unknown option names or configs are one-line errors naming the choices."""
-    from jbkv_cli.errors import JbkvError
-
     options = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -284,8 +283,6 @@ def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None
     The Wan VAE maps F latent frames to ``4·(F − 1) + 1`` frames, so ``num_frames`` must be
     ``4·(chunks·k − 1) + 1``; a ``num_chunks`` given as well must agree.
     """
-    from jbkv_cli.errors import JbkvError
-
     k = chunk_frames
     latent = (num_frames - 1) // 4 + 1
     if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
@@ -301,9 +298,6 @@ def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None
 def runtime_options(options: dict[str, Any]) -> tuple[str, str, str | None]:
     """``(device, dtype, attention_backend)`` from ``options``: cuda when available, bfloat16 on
     cuda and float32 on cpu, jbkv's default backend; unknown values are one-line errors."""
-    from jbkv_cli.errors import JbkvError
-    from jbkv_cli.models.dtypes import dtype_from_name
-
     device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = str(options.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32"))
     dtype_from_name(dtype)
@@ -317,8 +311,6 @@ def runtime_options(options: dict[str, Any]) -> tuple[str, str, str | None]:
 
 def check_frame_size(values: dict[str, Any]) -> None:
     """``height``/``width`` in ``values`` become ints, positive multiples of 16 (VAE 8 × patch 2)."""
-    from jbkv_cli.errors import JbkvError
-
     for name in ("height", "width"):
         values[name] = int(values[name])
         if values[name] < 16 or values[name] % 16:
