@@ -2,34 +2,60 @@
 
 A reader sees either the old file or the complete new one, never a partial file. On any
 exception (``KeyboardInterrupt`` included) the temp file is removed and the target untouched.
-Temp names start with ``.`` and end in ``.tmp<suffix>`` so directory scans can skip them.
+Finished files get the mode a plain ``open()`` would give them (``0666 & ~umask``, e.g. 0644),
+not ``mkstemp``'s 0600, so run folders can be shared and served.
+
+Temp names are ``.{name}.~{host}~{pid}~{random}.tmp{suffix}``: hidden (directory scans skip
+them), keeping the target's suffix (some writers pick a format from it), and naming the process
+that writes them, so :func:`remove_stale_temps` can delete what a killed process left behind
+without touching the files of a live one (another rank of the same run, say).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from jbkv_cli.errors import JbkvError, UsageError
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+_TEMP = re.compile(r"^\..+\.~(?P<host>[A-Za-z0-9_-]+)~(?P<pid>\d+)~[^.]*\.tmp(\.[^.]*)?$")
+STALE_OTHER_HOST_SECONDS = 24 * 3600
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path in ``path``'s directory; on success it is renamed onto ``path``.
 
-    The temp file keeps ``path``'s suffix (some writers pick a format from it). The parent
-    directory is created if needed.
+    The parent directory is created if needed. OSErrors propagate (callers name the file).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}"
+        dir=target.parent,
+        prefix=f".{target.name}.~{_HOST}~{os.getpid()}~",
+        suffix=f".tmp{target.suffix}",
     )
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, FILE_MODE)
         _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
@@ -39,9 +65,81 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
-    """Write ``text`` to ``path`` atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding=encoding)
+    """Write ``text`` to ``path`` atomically; a failure is one line naming ``path``."""
+    try:
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding=encoding)
+    except OSError as exc:
+        raise JbkvError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def check_writable_dir(path: str | os.PathLike[str], what: str) -> None:
+    """Raise unless files can be created in ``path`` (or, when it does not exist yet, in its
+    nearest existing ancestor). Probes with a temp file, so a read-only mount is caught too;
+    creates nothing that stays."""
+    target = Path(path)
+    probe = target
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"{what} {target}: {probe} is not a directory")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".jbkv-probe-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise JbkvError(f"cannot write {what} {target}: {exc.strerror or exc}") from exc
+
+
+def check_writable_file(path: str | os.PathLike[str], what: str) -> None:
+    """Raise unless ``path`` can be written atomically: not a directory, its folder writable."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{what} {target} is a directory; give a file path")
+    check_writable_dir(target.parent, what)
+
+
+def is_temp(path: Path) -> bool:
+    """True for a temp file made by :func:`atomic_path`."""
+    return _TEMP.match(path.name) is not None
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Delete temp files under ``root`` whose writer is gone; return how many.
+
+    A temp file of this host is stale when its process no longer exists; one of another host
+    (a shared filesystem) when it is older than a day.
+    """
+    removed = 0
+    for path in Path(root).rglob(".*.tmp*"):
+        m = _TEMP.match(path.name)
+        if m is None or not path.is_file():
+            continue
+        stale = False
+        if m["host"] == _HOST:
+            stale = not _alive(int(m["pid"]))
+        else:
+            with contextlib.suppress(OSError):
+                stale = time.time() - path.stat().st_mtime > STALE_OTHER_HOST_SECONDS
+        if stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync(path: Path) -> None:

@@ -13,27 +13,74 @@ from jbkv_cli.console import error, out
 from jbkv_cli.errors import JbkvError
 
 
+def _click_classes() -> tuple[type[Exception], type[Exception]]:
+    """click's ``UsageError`` and ``ClickException`` as the installed Typer raises them.
+
+    Typer 0.12–0.1x re-exports click's classes; newer Typer vendors its own copy of click, whose
+    classes are not ``click``'s. Both raise ``typer.BadParameter``, so take them from its MRO.
+    """
+    mro = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+    return mro["UsageError"], mro["ClickException"]
+
+
+_CLICK_USAGE, _CLICK_ERROR = _click_classes()
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """Print ``exc`` as one line on stderr and return its exit code.
+
+    Usage errors 2, known failures 1, Ctrl-C 130; anything unexpected is one line with its type
+    (``JBKV_DEBUG=1`` re-raises it for the traceback).
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        error("interrupted; finished results are kept, partial ones were discarded")
+        return 130
+    if isinstance(exc, JbkvError):
+        error(str(exc))
+        return exc.exit_code
+    if isinstance(exc, _CLICK_USAGE):
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        error(f"{exc.format_message()}{hint}")
+        return 2
+    if isinstance(exc, _CLICK_ERROR):
+        error(exc.format_message())
+        return exc.exit_code
+    if isinstance(exc, typer.Abort):
+        error("aborted")
+        return 1
+    if isinstance(exc, OSError) and exc.filename and not os.environ.get("JBKV_DEBUG"):
+        error(f"cannot access {exc.filename}: {exc.strerror or exc}")
+        return 1
+    if os.environ.get("JBKV_DEBUG"):
+        raise exc
+    error(f"{type(exc).__name__}: {exc} (set JBKV_DEBUG=1 for the traceback)")
+    return 1
+
+
+def _passes_through(exc: BaseException) -> bool:
+    """``typer.Exit`` (``--help``, explicit exit codes) and no-arguments help go on unchanged."""
+    return isinstance(exc, typer.Exit) or type(exc).__name__ == "NoArgsIsHelpError"
+
+
 class _Group(TyperGroup):
-    """Maps known failures to one line on stderr and an exit code (also under CliRunner)."""
+    """Maps every failure to one line on stderr and an exit code (also under ``CliRunner``)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:
+            if _passes_through(exc):
+                raise
+            raise typer.Exit(exit_code_for(exc)) from None
 
     def invoke(self, ctx):
-        import click
-
         try:
             return super().invoke(ctx)
-        except JbkvError as exc:
-            error(str(exc))
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            error("interrupted; finished results are kept, partial ones were discarded")
-            raise typer.Exit(130) from None
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:
-            if os.environ.get("JBKV_DEBUG"):
+        except (Exception, KeyboardInterrupt) as exc:
+            if _passes_through(exc):
                 raise
-            error(f"{type(exc).__name__}: {exc} (set JBKV_DEBUG=1 for the traceback)")
-            raise typer.Exit(1) from None
+            raise typer.Exit(exit_code_for(exc)) from None
 
 
 app = typer.Typer(
@@ -63,11 +110,12 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import convert, experiment, fidelity, vbench
+    from jbkv_cli.commands import convert, experiment, fidelity, vbench, weights
 
     experiment.register(app)
     fidelity.register(app)
     vbench.register(app)
+    weights.register(app)
     convert.register(app)
 
 
@@ -109,5 +157,5 @@ def attention_demo(
 
 
 def main() -> None:
-    """Entry point (console script ``jbkv`` and ``python -m jbkv_cli``)."""
-    app()
+    """Run the CLI (see :mod:`jbkv_cli.entry` for the console script)."""
+    app(prog_name="jbkv")

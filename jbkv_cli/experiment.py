@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jbkv_cli.attention import record_attention
 from jbkv_cli.console import err
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics.chunks import chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
@@ -162,11 +163,15 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
 def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = True) -> str:
     """Paired PSNR/SSIM/LPIPS of every finished video against the reference; resumable.
 
+    Per-chunk (drift) scores use each video's chunk length (:func:`chunk_frames_of`).
+
     Returns the LPIPS status line (its description, or why it is unavailable).
     """
     scorer, status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
     refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(REFERENCE)}
+    settings = run.manifest.get("settings", {})
     todo = []
+    chunk_frames: dict[tuple[str, str], int | None] = {}
     for vid in run.variants():
         if vid == REFERENCE:
             continue
@@ -175,6 +180,7 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
             name = video_name(rec["prompt"], rec["index"])
             if name in refs and (name not in done or _stale(done[name], scorer)):
                 todo.append((vid, name))
+                chunk_frames[vid, name] = chunk_frames_of(rec, settings)
     ref_cache: dict[str, torch.Tensor] = {}
     with _progress(show_progress and bool(todo)) as progress:
         task = progress.add_task("fidelity", total=len(todo)) if progress else None
@@ -186,7 +192,12 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
                 if name not in ref_cache:
                     ref_cache[name] = run.load_frames(REFERENCE, name)
                 s = compare_videos(
-                    ref_cache[name], run.load_frames(vid, name), 0, scorer, name=name
+                    ref_cache[name],
+                    run.load_frames(vid, name),
+                    0,
+                    scorer,
+                    name=name,
+                    chunk_frames=chunk_frames.get((vid, name)),
                 )
                 scores[name] = s.to_dict(per_frame=True) | {"lpips_status": status}
                 if progress:

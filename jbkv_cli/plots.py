@@ -3,6 +3,7 @@
 - ``psnr_vs_bits.png``: PSNR against effective bits per quantizer, with and without correction.
 - ``delta_ps_hist.png``: per-query ΔP_S, uncorrected vs corrected (INT2 when present).
 - ``frames.png``: reference / INT4 / INT2 / INT2+correction at a few time points.
+- ``drift.png``: PSNR and SSIM per chunk, per variant, mean ± SE over videos (drift over time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from jbkv_cli.atomic import atomic_path
+from jbkv_cli.drift import drift_series
+from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 
@@ -142,10 +145,61 @@ def frame_strip(run: RunDir, rows: list[dict[str, Any]], path: Path, times: int 
     return _save(fig, path)
 
 
+def drift_plot(run: RunDir, rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """PSNR and SSIM per chunk (x) per variant: the mean line and a ± SE band.
+
+    Chunks identical to the reference in every video (PSNR at the cap) are drawn as triangles on
+    the top edge so the cap does not squash the scale.
+    """
+    drift = drift_series(run, rows)
+    if not drift["variants"]:
+        return None
+    unit = drift["unit"]
+    fig, axes = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    capped_any = False
+    for i, v in enumerate(drift["variants"]):
+        color = f"C{i % 10}"
+        style = "--" if v["corrected"] else "-"
+        for ax, metric in zip(axes, ("psnr", "ssim"), strict=True):
+            pts = v[metric]
+            x = [p["chunk"] for p in pts]
+            y = [p["mean"] for p in pts]
+            e = [p["se"] or 0.0 for p in pts]
+            if metric == "psnr":
+                capped = [(xi, yi) for xi, yi in zip(x, y, strict=True) if yi >= PSNR_CAP_DB]
+                capped_any |= bool(capped)
+                keep = [j for j, yi in enumerate(y) if yi < PSNR_CAP_DB]
+                x, y, e = [x[j] for j in keep], [y[j] for j in keep], [e[j] for j in keep]
+            ax.plot(x, y, style, color=color, marker="o", markersize=3, label=v["label"])
+            lo = [a - b for a, b in zip(y, e, strict=True)]
+            hi = [a + b for a, b in zip(y, e, strict=True)]
+            ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)
+    if capped_any:
+        top = axes[0].get_ylim()[1]
+        for i, v in enumerate(drift["variants"]):
+            xs = [p["chunk"] for p in v["psnr"] if p["mean"] >= PSNR_CAP_DB]
+            axes[0].plot(xs, [top] * len(xs), "^", color=f"C{i % 10}", clip_on=False)
+        axes[0].set_title(
+            f"▲ identical to the reference in every video (PSNR capped at {PSNR_CAP_DB:g} dB)",
+            fontsize=8,
+            loc="right",
+        )
+    axes[0].set_ylabel("PSNR vs reference (dB)")
+    axes[1].set_ylabel("SSIM vs reference")
+    per = f"chunk ({drift['chunk_frames']} frames)" if unit == "chunk" else "frame"
+    axes[1].set_xlabel(f"{per}; mean ± SE over videos")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=2)
+    fig.suptitle("Drift over time", fontsize=10)
+    return _save(fig, path)
+
+
 def make_plots(run: RunDir, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     made = [
         psnr_vs_bits(rows, out_dir / "psnr_vs_bits.png"),
         delta_ps_hist(run, rows, out_dir / "delta_ps_hist.png"),
         frame_strip(run, rows, out_dir / "frames.png"),
+        drift_plot(run, rows, out_dir / "drift.png"),
     ]
     return [p for p in made if p is not None]

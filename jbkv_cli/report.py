@@ -11,7 +11,6 @@ import csv
 import io
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -21,7 +20,6 @@ from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 LOWER_IS_BETTER = {"lpips", "kv_cache_mb", "seconds", "abs_delta_ps"}
-TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
 
 
 def _agg(values: list[float | None]) -> dict[str, Any] | None:
@@ -296,81 +294,17 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 
 
 def to_json(run: RunDir, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The machine-readable result (also the regression gate's baseline format).
+
+    ``videos``: the (prompt, seed) pairs of the reference videos, sorted.
+    """
+    videos = sorted({(r["prompt"], r["seed"]) for r in run.records(REFERENCE)})
     return {
         "run": str(run.root),
         "model": run.manifest.get("model"),
         "settings": run.manifest.get("settings"),
         "reference_precision": reference_label(run),
+        "videos": [list(v) for v in videos],
         "rows": rows,
         "correction_gains": paired_differences(run, rows),
     }
-
-
-# --- regression gate ----------------------------------------------------------------------------
-
-
-def parse_tolerances(text: str | None) -> dict[str, float]:
-    """``"psnr=0.5,ssim=0.01"`` -> dict, on top of :data:`TOLERANCES`."""
-    tol = dict(TOLERANCES)
-    if not text:
-        return tol
-    for part in text.split(","):
-        key, _, value = part.partition("=")
-        key = key.strip()
-        if key not in TOLERANCES or not value:
-            raise JbkvError(
-                f"bad --tolerance {part!r}; use e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01"
-            )
-        try:
-            tol[key] = float(value)
-        except ValueError as exc:
-            raise JbkvError(f"bad --tolerance value {value!r} for {key}") from exc
-    return tol
-
-
-def check_baseline(
-    rows: list[dict[str, Any]], baseline: dict[str, Any], tol: dict[str, float]
-) -> list[str]:
-    """Violations of the baseline beyond tolerance (empty list: the gate passes)."""
-    current = {r["variant"]: r for r in rows}
-    problems = []
-    for base in baseline.get("rows", []):
-        vid = base["variant"]
-        if vid == REFERENCE:
-            continue
-        cur = current.get(vid)
-        if cur is None:
-            problems.append(f"{vid}: missing from this run")
-            continue
-        for metric, higher_better in (("psnr", True), ("ssim", True), ("lpips", False)):
-            b, c = base.get(metric), cur.get(metric)
-            if not b or b.get("mean") is None:
-                continue
-            if not c or c.get("mean") is None:
-                problems.append(f"{vid}: {metric} missing (baseline {b['mean']:.4f})")
-                continue
-            worse = b["mean"] - c["mean"] if higher_better else c["mean"] - b["mean"]
-            if worse > tol[metric]:
-                problems.append(
-                    f"{vid}: {metric} {c['mean']:.4f} vs baseline {b['mean']:.4f} "
-                    f"(worse by {worse:.4f} > {tol[metric]})"
-                )
-        b, c = base.get("delta_ps"), cur.get("delta_ps")
-        if b and c and b.get("mean") is not None and c.get("mean") is not None:
-            worse = abs(c["mean"]) - abs(b["mean"])
-            if worse > tol["delta_ps"]:
-                problems.append(
-                    f"{vid}: |ΔP_S| {abs(c['mean']):.4f} vs baseline "
-                    f"{abs(b['mean']):.4f} (worse by {worse:.4f} > {tol['delta_ps']})"
-                )
-    return problems
-
-
-def load_baseline(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise JbkvError(f"cannot read baseline {path}: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise JbkvError(f"baseline {path} is not a jbkv result (no 'rows' list)")
-    return data

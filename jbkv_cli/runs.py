@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import platform
 import subprocess
 from pathlib import Path
@@ -26,8 +27,8 @@ from typing import Any
 import torch
 
 from jbkv_cli import __version__
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.atomic import check_writable_dir, remove_stale_temps, write_text_atomic
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.models.base import Video
 from jbkv_cli.quant.spec import KVSpec
 from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
@@ -80,29 +81,82 @@ def video_name(prompt: str, index: int) -> str:
     return f"{prompt}-{index}"
 
 
+MAX_PROMPT_BYTES = 200
+
+
 def check_prompt(prompt: str) -> str:
+    """The prompt, stripped, if it can name a file (``{prompt}-{index}``); else a usage error."""
     prompt = prompt.strip()
     if not prompt:
-        raise JbkvError("empty prompt")
-    if "/" in prompt or "\\" in prompt or "\0" in prompt or prompt.startswith("."):
-        raise JbkvError(f"prompt {prompt!r} cannot name a file (no '/', '\\', leading '.')")
-    if len(prompt.encode()) > 200:
-        raise JbkvError(f"prompt too long for a file name ({len(prompt.encode())} bytes > 200)")
+        raise UsageError("empty prompt")
+    if any(c in prompt for c in "/\\\0\n\r") or prompt.startswith("."):
+        raise UsageError(
+            f"prompt {shown(prompt)} cannot name a file (no '/', '\\', line breaks or leading '.')"
+        )
+    if len(prompt.encode()) > MAX_PROMPT_BYTES:
+        raise UsageError(
+            f"prompt {shown(prompt)} is too long to name a file "
+            f"({len(prompt.encode())} bytes > {MAX_PROMPT_BYTES})"
+        )
     return prompt
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise JbkvError(f"cannot read {path}: {exc}") from exc
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
+        raise JbkvError(f"cannot read {path}: {reason}") from exc
 
 
 def _write_json(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def _expect(ok: bool, path: Path, what: str) -> None:
+    if not ok:
+        raise JbkvError(f"{path} is not a jbkv {what} (damaged or edited?)")
+
+
+def parse_manifest(data: Any, path: Path) -> dict[str, Any]:
+    """``data`` if it has the shape of a run manifest; else a one-line :class:`JbkvError`."""
+    _expect(isinstance(data, dict), path, "manifest")
+    _expect(isinstance(data.get("model"), str), path, "manifest")
+    _expect(isinstance(data.get("settings"), dict), path, "manifest")
+    for key, kind in (("prompts", str), ("seeds", int)):
+        items = data.get(key)
+        _expect(isinstance(items, list) and all(type(x) is kind for x in items), path, "manifest")
+    return data
+
+
+def parse_record(data: Any, path: Path) -> dict[str, Any]:
+    """``data`` if it has the shape of a video record; else a one-line :class:`JbkvError`."""
+    _expect(isinstance(data, dict), path, "video record")
+    ok = (
+        isinstance(data.get("prompt"), str)
+        and type(data.get("seed")) is int
+        and type(data.get("index")) is int
+        and data["index"] >= 0
+        and type(data.get("kv_cache_bytes")) is int
+        and _is_number(data.get("seconds"))
+        and isinstance(data.get("diagnostics"), dict | None)
+    )
+    _expect(ok, path, "video record")
+    diag = data["diagnostics"] or {}
+    _expect(all(v is None or _is_number(v) for v in diag.values()), path, "video record")
+    return data
+
+
+def parse_spec(data: Any, path: Path) -> KVSpec:
+    """The :class:`KVSpec` stored in ``variant.json``; a one-line error when it is not one."""
     try:
-        write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-    except OSError as exc:
-        raise JbkvError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        return KVSpec(**data)
+    except (TypeError, ValueError) as exc:
+        raise JbkvError(f"{path} is not a jbkv variant (damaged or edited?)") from exc
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def environment() -> dict[str, Any]:
@@ -134,6 +188,7 @@ class RunDir:
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root = root
         self.manifest = manifest
+        self._seed_index: dict[int, int] = {}
 
     @classmethod
     def open(cls, root: Path) -> RunDir:
@@ -141,26 +196,22 @@ class RunDir:
         path = Path(root) / MANIFEST
         if not path.is_file():
             raise JbkvError(f"{root} is not a jbkv run directory (no {MANIFEST})")
-        return cls(Path(root), _read_json(path))
+        return cls(Path(root), parse_manifest(_read_json(path), path))
 
     @classmethod
     def create_or_resume(cls, root: Path, model: str, settings: dict[str, Any]) -> RunDir:
-        """Start a run in ``root``, or resume it if it was made by the same model and settings."""
+        """Start a run in ``root``, or resume it if it was made by the same model and settings.
+
+        Resuming deletes the temp files a killed process left behind (see
+        :func:`~jbkv_cli.atomic.remove_stale_temps`).
+        """
         root = Path(root)
-        if root.exists() and not root.is_dir():
-            raise JbkvError(f"--out {root} exists and is not a directory")
+        check_run_dir(root, model, settings)
         path = root / MANIFEST
         if path.exists():
-            manifest = _read_json(path)
-            if manifest.get("model") != model or manifest.get("settings") != settings:
-                diff = _describe_difference(manifest, model, settings)
-                raise JbkvError(
-                    f"{root} was made with different settings ({diff}); "
-                    "use another --out directory to keep both"
-                )
+            manifest = parse_manifest(_read_json(path), path)
+            remove_stale_temps(root)
             return cls(root, manifest)
-        if root.exists() and any(root.iterdir()):
-            raise JbkvError(f"--out {root} is not empty and is not a jbkv run directory")
         manifest = {
             "model": model,
             "settings": settings,
@@ -176,21 +227,23 @@ class RunDir:
     # --- prompts and seeds --------------------------------------------------------------------
 
     def register(self, prompts: list[str], seeds: list[int]) -> None:
-        """Add prompts and seeds; a seed's index (its position) names its videos."""
+        """Add prompts and seeds (linear time); a seed's index (its position) names its videos."""
         changed = False
-        for p in prompts:
-            if p not in self.manifest["prompts"]:
-                self.manifest["prompts"].append(p)
-                changed = True
-        for s in seeds:
-            if s not in self.manifest["seeds"]:
-                self.manifest["seeds"].append(s)
+        for key, new in (("prompts", prompts), ("seeds", seeds)):
+            known = self.manifest[key]
+            added = [x for x in dict.fromkeys(new) if x not in set(known)]
+            if added:
+                known.extend(added)
                 changed = True
         if changed:
             _write_json(self.root / MANIFEST, self.manifest)
 
     def index_of(self, seed: int) -> int:
-        return self.manifest["seeds"].index(seed)
+        """The position of ``seed`` in the manifest (it names the seed's videos)."""
+        seeds = self.manifest["seeds"]
+        if len(self._seed_index) != len(seeds):
+            self._seed_index = {s: i for i, s in enumerate(seeds)}
+        return self._seed_index[seed]
 
     # --- variants -----------------------------------------------------------------------------
 
@@ -216,7 +269,7 @@ class RunDir:
         if not base.is_dir():
             return out
         for path in sorted(base.glob("*/variant.json")):
-            out[path.parent.name] = KVSpec(**_read_json(path))
+            out[path.parent.name] = parse_spec(_read_json(path), path)
         return dict(sorted(out.items(), key=lambda kv: table_order(kv[1])))
 
     # --- videos -------------------------------------------------------------------------------
@@ -235,13 +288,8 @@ class RunDir:
     def save_video(self, vid: str, name: str, video: Video, record: dict[str, Any]) -> None:
         """Write the lossless copy, the mp4, then the record (which marks the video done)."""
         paths = self.paths(vid, name)
-        try:
-            write_video_lossless(paths["lossless"], video.frames, video.fps)
-            write_video_mp4(paths["mp4"], video.frames, video.fps)
-        except OSError as exc:
-            raise JbkvError(
-                f"cannot write {paths['lossless'].parent}: {exc.strerror or exc}"
-            ) from exc
+        write_video_lossless(paths["lossless"], video.frames, video.fps)
+        write_video_mp4(paths["mp4"], video.frames, video.fps)
         _write_json(paths["record"], record)
 
     def load_frames(self, vid: str, name: str) -> torch.Tensor:
@@ -257,7 +305,13 @@ class RunDir:
                 continue
             name = path.stem
             if self.is_done(vid, name):
-                out.append(_read_json(path))
+                record = parse_record(_read_json(path), path)
+                if video_name(record["prompt"], record["index"]) != name:
+                    raise JbkvError(
+                        f"{path} records prompt {record['prompt'][:40]!r} index "
+                        f"{record['index']}, which its file name does not match (renamed?)"
+                    )
+                out.append(record)
         return out
 
     # --- metrics ------------------------------------------------------------------------------
@@ -267,10 +321,41 @@ class RunDir:
 
     def read_metrics(self, kind: str, vid: str) -> dict[str, Any]:
         path = self.metrics_path(kind, vid)
-        return _read_json(path) if path.is_file() else {}
+        if not path.is_file():
+            return {}
+        data = _read_json(path)
+        _expect(
+            isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()),
+            path,
+            f"{kind} metrics file",
+        )
+        return data
 
     def write_metrics(self, kind: str, vid: str, data: dict[str, Any]) -> None:
         _write_json(self.metrics_path(kind, vid), data)
+
+
+def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
+    """Raise unless ``root`` can hold (or already holds) a run of ``model`` with ``settings``.
+
+    Creates nothing: commands call it before their long work, and a refused command leaves no
+    folder behind.
+    """
+    root = Path(root)
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--out {root} exists and is not a directory")
+    path = root / MANIFEST
+    if path.exists():
+        manifest = parse_manifest(_read_json(path), path)
+        if manifest["model"] != model or manifest["settings"] != settings:
+            diff = _describe_difference(manifest, model, settings)
+            raise UsageError(
+                f"{root} was made with different settings ({diff}); "
+                "use another --out directory to keep both"
+            )
+    elif root.exists() and any(root.iterdir()):
+        raise UsageError(f"--out {root} is not empty and is not a jbkv run directory")
+    check_writable_dir(root, "--out")
 
 
 def _describe_difference(manifest: dict[str, Any], model: str, settings: dict[str, Any]) -> str:

@@ -153,3 +153,71 @@ def test_corrupted_lossless_payload_is_detected(tmp_path: Path) -> None:
     path = tmp_path / "bad.mkv"
     path.write_bytes(bytes(data))
     _expect_read_error(path, "cannot read video")
+
+
+_ENCODE_TWICE = """
+import hashlib, sys, torch
+from jbkv_cli import video
+from jbkv_cli.models.registry import load_model
+from jbkv_cli.quant.spec import KVSpec
+model = load_model("tiny", num_chunks=2, steps=2)
+prompt = "a red circle moves right on a dark background"
+frames = model.generate(prompt, 0, KVSpec("rtn", 2)).frames
+write = video.write_video_mp4 if sys.argv[1] == ".mp4" else video.write_video_lossless
+for i in range(2):
+    path = sys.argv[2] + str(i) + sys.argv[1]
+    write(path, frames, 8)
+    print(hashlib.sha256(open(path, "rb").read()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".mkv"])
+def test_video_bytes_are_reproducible_across_processes(tmp_path: Path, suffix: str) -> None:
+    """Identical frames (a tiny-model video: x264's mb-tree rate control made these vary from
+    run to run) give identical files, in one process and across processes (the RGB → YUV
+    conversion is jbkv's, not the encoder scaler's; no random container UIDs)."""
+    import subprocess
+    import sys
+
+    digests = set()
+    for run in range(3):
+        out = subprocess.run(
+            [sys.executable, "-c", _ENCODE_TWICE, suffix, str(tmp_path / f"r{run}-")],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        digests |= set(out.stdout.split())
+    assert len(digests) == 1, digests
+    frames = [read_video(p)[0] for p in sorted(tmp_path.glob(f"*{suffix}"))]
+    assert all(torch.equal(frames[0], f) for f in frames[1:])
+
+
+def test_rgb_to_yuv420p_is_bt601_limited_range() -> None:
+    from jbkv_cli.video import rgb_to_yuv420p
+
+    gray = np.full((1, 2, 2, 3), 255, dtype=np.uint8)
+    yuv = rgb_to_yuv420p(np.concatenate([gray * 0, gray]))
+    assert yuv.shape == (2, 3, 2)
+    assert (yuv[0, :2] == 16).all() and (yuv[1, :2] == 235).all()  # black and white luma
+    assert (yuv[:, 2:] == 128).all()  # neutral chroma
+    red = np.zeros((1, 2, 2, 3), dtype=np.uint8)
+    red[..., 0] = 255
+    y, cb, cr = rgb_to_yuv420p(red)[0].reshape(-1)[[0, 4, 5]]
+    assert (y, cb, cr) == (81, 90, 240)  # Y = 16 + 219 · 0.299 = 81.48, Cr at its maximum
+    with pytest.raises(ValueError, match="even"):
+        rgb_to_yuv420p(np.zeros((1, 3, 2, 3), dtype=np.uint8))
+
+
+def test_failed_video_write_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jbkv_cli.video as video
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(video, "_encode", full)
+    target = tmp_path / "v" / "a-0.mp4"
+    with pytest.raises(JbkvError, match=r"cannot write video .*a-0.mp4: No space left"):
+        video.write_video_mp4(target, np.zeros((2, 8, 8, 3), dtype=np.uint8), 8)
+    assert list(target.parent.iterdir()) == []

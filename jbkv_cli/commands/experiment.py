@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from jbkv_cli.atomic import write_text_atomic
+from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
 from jbkv_cli.commands.options import (
     DeviceOpt,
     ModelOptionOpt,
@@ -20,22 +20,27 @@ from jbkv_cli.commands.options import (
     WeightsOpt,
     WindowOpt,
     model_options,
+    parse_group_sizes,
     parse_list,
     parse_seeds,
     read_prompt_items,
 )
 from jbkv_cli.console import err, out, warn
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, score_fidelity
+from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.models.base import VideoModel
-from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, load_model
-from jbkv_cli.quant.spec import CORRECTIONS, FULL_PRECISION, QUANTIZER_NAMES, KVSpec
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, check_prompts, load_model
+from jbkv_cli.quant.spec import (
+    CORRECTIONS,
+    FULL_PRECISION,
+    QUANTIZER_NAMES,
+    SUPPORTED_BITS,
+    KVSpec,
+)
 from jbkv_cli.report import (
     build_rows,
-    check_baseline,
-    load_baseline,
     lpips_note,
-    parse_tolerances,
     rich_table,
     to_csv,
     to_json,
@@ -46,7 +51,7 @@ from jbkv_cli.runs import RunDir
 
 def _check_model(name: str) -> None:
     if name not in MODELS:
-        raise JbkvError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
 def _load(name: str, options: dict[str, Any]) -> VideoModel:
@@ -54,9 +59,18 @@ def _load(name: str, options: dict[str, Any]) -> VideoModel:
     try:
         return load_model(name, **options)
     except TypeError as exc:
-        raise JbkvError(f"model {name!r} does not take these options ({exc})") from exc
+        raise UsageError(f"model {name!r} does not take these options ({exc})") from exc
     except ValueError as exc:
         raise JbkvError(f"model {name!r}: {exc}") from exc
+
+
+def _prompt_items(
+    name: str, prompts: str | None, prompt: list[str] | None, seeds: list[int] | None
+) -> list[tuple[str, list[int]]]:
+    """(prompt, seeds) pairs, every prompt checked for file names and for the model."""
+    items = read_prompt_items(prompts, prompt, name, seeds)
+    check_prompts(name, [p for p, _ in items])
+    return items
 
 
 def _check_group_size(model: VideoModel, group_sizes: list[int]) -> None:
@@ -66,7 +80,7 @@ def _check_group_size(model: VideoModel, group_sizes: list[int]) -> None:
     bad = [g for g in group_sizes if g < 1 or head_dim % g]
     if bad:
         allowed = [g for g in (8, 16, 32, 64, 128, 256) if g <= head_dim and head_dim % g == 0]
-        raise JbkvError(
+        raise UsageError(
             f"group size {bad[0]} does not divide {model.name}'s head dim {head_dim} "
             f"(allowed: {', '.join(map(str, allowed))})"
         )
@@ -128,25 +142,28 @@ def generate(
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
     _check_model(model)
     bits = 16 if bf16 else bits
+    if bits not in SUPPORTED_BITS:
+        raise UsageError(f"--bits must be one of {', '.join(map(str, SUPPORTED_BITS))}, got {bits}")
     if correction not in ("taylor", "exact"):
-        raise typer.BadParameter("--correction must be taylor or exact")
+        raise UsageError(f"--correction must be taylor or exact, got {shown(correction)}")
     if quantizer not in QUANTIZER_NAMES[1:]:
-        raise typer.BadParameter(f"--quantizer must be one of {', '.join(QUANTIZER_NAMES[1:])}")
+        raise UsageError(
+            f"--quantizer must be one of {', '.join(QUANTIZER_NAMES[1:])}, got {shown(quantizer)}"
+        )
     if bits == 16 and (correct or ablation):
-        raise typer.BadParameter("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
+        raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
     if ablation is not None and ablation not in ABLATIONS:
-        raise typer.BadParameter(f"--ablation must be one of {', '.join(ABLATIONS)}")
+        raise UsageError(f"--ablation must be one of {', '.join(ABLATIONS)}, got {shown(ablation)}")
     if ablation == "bias-only" and correct:
-        raise typer.BadParameter("--ablation bias-only adds the bias; it cannot be --correct-ed")
-    try:
-        if bits == 16:
-            spec = FULL_PRECISION
-        else:
-            kw = ABLATIONS.get(ablation or "", {})
-            spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
-    except ValueError as exc:
-        raise JbkvError(str(exc)) from exc
-    items = read_prompt_items(prompts, prompt, model, parse_seeds(seeds))
+        raise UsageError("--ablation bias-only adds the bias; it cannot be --correct-ed")
+    if group_size < 1:
+        raise UsageError(f"--group-size must be a positive channel count, got {group_size}")
+    if bits == 16:
+        spec = FULL_PRECISION
+    else:
+        kw = ABLATIONS.get(ablation or "", {})
+        spec = KVSpec(quantizer, bits, group_size, correction if correct else "none", **kw)
+    items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     m = _load(model, model_options(weights, num_chunks, steps, window, device, model_option))
     _check_group_size(m, [group_size] if bits < 16 else [])
     run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
@@ -202,17 +219,20 @@ def quantize_eval(
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
     bit_list = parse_list(bits, (2, 3, 4, 8), "bits", int)
-    groups = parse_list(group_sizes, tuple(range(1, 4097)), "group-sizes", int)
+    groups = parse_group_sizes(group_sizes)
     quant_list = parse_list(quantizers, QUANTIZER_NAMES[1:], "quantizers")
     corr_list = parse_list(corrections, CORRECTIONS, "corrections")
     abl_list = parse_list(ablations, tuple(ABLATIONS), "ablations") if ablations.strip() else []
     seed_list = parse_seeds(seeds)
     specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list)
-    for name in models or [DEFAULT_MODEL]:
+    names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
+    for name in names:
         _check_model(name)
+    if json_path is not None:
+        check_writable_file(json_path, "--json")
+    work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     results = []
-    for name in models or [DEFAULT_MODEL]:
-        items = read_prompt_items(prompts, prompt, name, seed_list)
+    for name, items in work.items():
         m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
         _check_group_size(m, groups)
         root = out_dir / name
@@ -279,6 +299,9 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         made = make_plots(run, rows, report_dir)
         if made:
             err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    from jbkv_cli.html_report import write_html_report
+
+    err.print(f"page: {write_html_report(run, data, report_dir)}", highlight=False)
     return data
 
 
@@ -286,7 +309,12 @@ def report(
     run_dir: Annotated[
         Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
     ],
-    fmt: Annotated[str, typer.Option("--format", "-f", help="table, md, json or csv.")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="table, md, json, csv, or html (RUN/report/index.html + plots)."
+        ),
+    ] = "table",
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
     ] = False,
@@ -299,10 +327,13 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
-    if fmt not in ("table", "md", "json", "csv"):
-        raise typer.BadParameter("--format must be table, md, json or csv")
+    if fmt not in ("table", "md", "json", "csv", "html"):
+        raise UsageError(f"--format must be table, md, json, csv or html, got {shown(fmt)}")
     tol = parse_tolerances(tolerance)
+    base = load_baseline(baseline) if baseline is not None else None
     run = RunDir.open(run_dir)
+    if plots:
+        check_writable_dir(run.root / "report", "report folder")
     rows = build_rows(run)
     if fmt == "table":
         out.print(rich_table(rows, f"{run.manifest.get('model')} · {run.root}"))
@@ -313,20 +344,35 @@ def report(
         typer.echo(to_markdown(rows), nl=False)
     elif fmt == "json":
         typer.echo(json.dumps(to_json(run, rows), indent=2))
-    else:
+    elif fmt == "csv":
         typer.echo(to_csv(rows), nl=False)
-    if plots:
+    else:
+        typer.echo(_write_html(run, rows))
+    if plots and fmt != "html":
         from jbkv_cli.plots import make_plots
 
         for p in make_plots(run, rows, run.root / "report"):
             err.print(f"wrote {p}", highlight=False)
-    if baseline is not None:
-        problems = check_baseline(rows, load_baseline(baseline), tol)
-        if problems:
-            for p in problems:
-                err.print(f"[red]regression:[/] {p}", highlight=False)
-            raise typer.Exit(1)
-        err.print(f"[green]gate passed[/] against {baseline}", highlight=False)
+    if base is not None:
+        gate = check_baseline(to_json(run, rows), base, tol)
+        if not gate.passed:
+            for p in gate.problems:
+                err.print(f"[red]gate:[/] {p}", highlight=False, soft_wrap=True)
+            raise JbkvError(
+                f"gate failed against {baseline}: {len(gate.problems)} problem(s) above"
+            )
+        err.print(f"[green]gate passed[/]: {gate.summary()} against {baseline}", highlight=False)
+
+
+def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:
+    """The HTML report with the figures it shows (made here, so the page is complete)."""
+    from jbkv_cli.html_report import write_html_report
+    from jbkv_cli.plots import make_plots
+
+    report_dir = run.root / "report"
+    for p in make_plots(run, rows, report_dir):
+        err.print(f"wrote {p}", highlight=False)
+    return write_html_report(run, to_json(run, rows), report_dir)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -13,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.atomic import check_writable_file, write_text_atomic
+from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
 from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
@@ -46,19 +47,36 @@ def fidelity_command(
     max_lpips: float | None = None,
     allow_missing: bool = False,
     no_lpips: bool = False,
+    chunk_frames: int | None = None,
 ) -> int:
     """Score, print, write JSON/CSV; return 1 if a video violates a threshold, else 0.
 
     SSIM and LPIPS run on CUDA when available (same values up to float rounding), else CPU.
     """
     if max_lpips is not None and no_lpips:
-        raise JbkvError("--max-lpips needs LPIPS, but --no-lpips was given")
+        raise UsageError("--max-lpips needs LPIPS, but --no-lpips was given")
+    for flag, value in (
+        ("--min-psnr", min_psnr),
+        ("--min-ssim", min_ssim),
+        ("--max-lpips", max_lpips),
+    ):
+        if value is not None and not math.isfinite(value):
+            raise UsageError(f"{flag} must be a finite number, got {value}")
+    for flag, path in (("--json", json_path), ("--csv", csv_path)):
+        if path is not None:
+            check_writable_file(path, flag)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lpips: bool | LpipsAlex = not no_lpips
     if max_lpips is not None:
         lpips = load_lpips(device)
     result = compare_dirs(
-        ref, test, skip_frames=skip_frames, allow_missing=allow_missing, lpips=lpips, device=device
+        ref,
+        test,
+        skip_frames=skip_frames,
+        allow_missing=allow_missing,
+        lpips=lpips,
+        device=device,
+        chunk_frames=chunk_frames,
     )
     violations = threshold_violations(result.videos, min_psnr, min_ssim, max_lpips)
 
@@ -183,6 +201,15 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option("--allow-missing", help="Skip videos without a partner.")
         ] = False,
         no_lpips: Annotated[bool, typer.Option("--no-lpips", help="Do not compute LPIPS.")] = False,
+        chunk_frames: Annotated[
+            int | None,
+            typer.Option(
+                "--chunk-frames",
+                min=1,
+                help="Frames per generated chunk for the per-chunk (drift) scores in --json "
+                "(default: from the jbkv records beside the test videos, else 1).",
+            ),
+        ] = None,
     ) -> None:
         """PSNR, SSIM and LPIPS of TEST videos against REF videos, paired by relative name.
 
@@ -199,6 +226,7 @@ def register(app: typer.Typer) -> None:
             max_lpips=max_lpips,
             allow_missing=allow_missing,
             no_lpips=no_lpips,
+            chunk_frames=chunk_frames,
         )
         if code:
             raise typer.Exit(code)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.resources import PROMPTS_DIR
 
 PromptsOpt = Annotated[
@@ -41,35 +41,63 @@ ModelOptionOpt = Annotated[
 ]
 
 
+MAX_SEEDS = 10_000
+
+
 def parse_seeds(text: str | None) -> list[int] | None:
+    """``'0,1,2'`` or ``'0-3'`` (or both, comma-separated) -> distinct seeds in order.
+
+    At most :data:`MAX_SEEDS`: a larger request is refused before any range is expanded.
+    """
     if text is None:
         return None
-    seeds: list[int] = []
+    ranges: list[tuple[int, int]] = []
     try:
         for part in text.split(","):
             part = part.strip()
             if not part:
                 continue
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, part)
-                seeds.extend(range(int(lo), int(hi) + 1))
-            else:
-                seeds.append(int(part))
-    except ValueError as exc:
-        raise JbkvError(f"bad --seeds {text!r}: use e.g. 0,1,2 or 0-3") from exc
-    if not seeds or any(s < 0 for s in seeds):
-        raise JbkvError(f"bad --seeds {text!r}: give one or more non-negative integers")
-    return list(dict.fromkeys(seeds))
+            lo, sep, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
+            ranges.append((int(lo), int(hi)) if sep else (int(lo), int(lo)))
+    except ValueError:
+        raise UsageError(f"bad --seeds {shown(text)}: use e.g. 0,1,2 or 0-3") from None
+    if not ranges or any(lo < 0 or hi < lo for lo, hi in ranges):
+        raise UsageError(
+            f"bad --seeds {shown(text)}: give non-negative integers or ranges lo-hi with lo <= hi"
+        )
+    total = sum(hi - lo + 1 for lo, hi in ranges)
+    if total > MAX_SEEDS:
+        raise UsageError(
+            f"--seeds {shown(text)} asks for {total:,} seeds; at most {MAX_SEEDS:,} per command"
+        )
+    return list(dict.fromkeys(s for lo, hi in ranges for s in range(lo, hi + 1)))
 
 
 def parse_list(text: str, allowed: tuple, what: str, cast=str) -> list:
+    """A comma list of ``allowed`` values (cast with ``cast``), duplicates dropped."""
     try:
         items = [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise JbkvError(f"bad --{what} {text!r}") from exc
+    except ValueError:
+        raise UsageError(
+            f"bad --{what} {shown(text)}: allowed {', '.join(map(str, allowed))}"
+        ) from None
     bad = [x for x in items if x not in allowed]
     if bad or not items:
-        raise JbkvError(f"bad --{what} {text!r}: allowed {', '.join(map(str, allowed))}")
+        raise UsageError(f"bad --{what} {shown(text)}: allowed {', '.join(map(str, allowed))}")
+    return list(dict.fromkeys(items))
+
+
+def parse_group_sizes(text: str) -> list[int]:
+    """Positive integers; whether each divides a model's head dim is checked per model."""
+    try:
+        items = [int(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        items = []
+    if not items or any(g < 1 or g > 4096 for g in items):
+        raise UsageError(
+            f"bad --group-sizes {shown(text)}: give channel counts that divide the head dim, "
+            "e.g. 16,32,64"
+        )
     return list(dict.fromkeys(items))
 
 
@@ -99,14 +127,14 @@ def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[
     if spec is None and not extra:
         spec = model if (PROMPTS_DIR / f"{model}.txt").is_file() else None
         if spec is None:
-            raise JbkvError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
+            raise UsageError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
     if spec is not None:
         path = Path(spec)
         if not path.is_file():
             named = PROMPTS_DIR / f"{spec}.txt"
             if not named.is_file():
                 sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
-                raise JbkvError(
+                raise UsageError(
                     f"no prompt file {spec!r} (named sets: {', '.join(sets) or 'none'})"
                 )
             path = named
@@ -117,7 +145,7 @@ def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[
         prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     prompts += [p.strip() for p in extra or [] if p.strip()]
     if not prompts:
-        raise JbkvError(f"no prompts in {spec}")
+        raise UsageError(f"no prompts in {spec}")
     return list(dict.fromkeys(prompts))
 
 
@@ -142,7 +170,7 @@ def model_options(
     for item in extra or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise JbkvError(f"bad --model-option {item!r}: use KEY=VALUE")
+            raise UsageError(f"bad --model-option {item!r}: use KEY=VALUE")
         opts[key.strip().replace("-", "_")] = _coerce(value.strip())
     return opts
 
@@ -153,9 +181,9 @@ def resolve_device(device: str | None) -> str:
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise JbkvError(f"--device {device}: no CUDA device is available here")
+        raise UsageError(f"--device {device}: no CUDA device is available here")
     if not (device == "cpu" or device.startswith("cuda")):
-        raise JbkvError(f"--device must be cpu or cuda[:N], got {device!r}")
+        raise UsageError(f"--device must be cpu or cuda[:N], got {device!r}")
     return device
 
 

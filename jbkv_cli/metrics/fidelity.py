@@ -8,15 +8,24 @@ Protocol (torchmetrics style: per-frame statistics first, then one reduction):
    (Wang 2004, scikit-image settings), LPIPS_t (AlexNet, [−1, 1]) when available.
 3. Per video: the mean over frames of each; also ``psnr_pooled`` = PSNR of the MSE pooled over
    all compared frames, and ``identical_frames`` = frames with MSE = 0.
-4. Across videos: mean ± standard error (``jbkv_cli.metrics.stats.aggregate``).
+4. Per chunk (drift): the mean over each chunk's frames (``*_per_chunk``, chunk ``first_chunk``
+   first; :mod:`jbkv_cli.metrics.chunks`). ``chunk_frames`` comes from the caller or the
+   ``.json`` record beside the test video; unknown -> 1 (per frame).
+5. Across videos: mean ± standard error (``jbkv_cli.metrics.stats.aggregate``).
 
 Videos in two folders are paired by their path relative to the folder, without the suffix
 (``a/b.mkv`` pairs with ``a/b.mp4``). When one folder holds the same stem in several formats, the
 first in ``VIDEO_SUFFIXES`` order (lossless first) is used and a warning says so.
+
+Folders that jbkv wrote (every video has its record ``<name>.json`` beside it) are paired by
+identity instead: (sub-folder, prompt, seed) from the records, because a file name carries the
+seed's *position* in the command that made it (``{prompt}-{index}``), not the seed. A record
+whose prompt and index do not match its file name (a renamed file) is refused.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +34,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
 from jbkv_cli.metrics.perceptual import DESCRIPTION as LPIPS_DESCRIPTION
 from jbkv_cli.metrics.perceptual import LpipsAlex, try_load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
@@ -42,6 +52,9 @@ PROTOCOL = {
     "population covariance, data range 255, per channel then averaged, border cropped "
     "(scikit-image gaussian_weights=True), per frame, mean over frames",
     "lpips": f"{LPIPS_DESCRIPTION}, per frame, mean over frames",
+    "per_chunk": "mean of the per-frame values over each chunk of chunk_frames frames, counted "
+    "from frame 0 of the video (first_chunk = the first chunk with compared frames); "
+    "chunk_frames 1 when the chunk length is unknown",
     "aggregate": "per-video means, then mean and standard error (sample std / sqrt(n)) over videos",
 }
 
@@ -65,6 +78,11 @@ class VideoScores:
     psnr_per_frame: list[float] = field(repr=False)
     ssim_per_frame: list[float] = field(repr=False)
     lpips_per_frame: list[float] | None = field(default=None, repr=False)
+    chunk_frames: int = 1
+    first_chunk: int = 0
+    psnr_per_chunk: list[float] = field(default_factory=list, repr=False)
+    ssim_per_chunk: list[float] = field(default_factory=list, repr=False)
+    lpips_per_chunk: list[float] | None = field(default=None, repr=False)
 
     def to_dict(self, per_frame: bool = True) -> dict[str, Any]:
         data = asdict(self)
@@ -108,8 +126,12 @@ def compare_videos(
     *,
     name: str | None = None,
     device: torch.device | str | None = None,
+    chunk_frames: int | None = None,
 ) -> VideoScores:
-    """Score ``test`` against ``ref`` (paths, or uint8 frames [T, H, W, 3])."""
+    """Score ``test`` against ``ref`` (paths, or uint8 frames [T, H, W, 3]).
+
+    ``chunk_frames``: frames per generated chunk, for the per-chunk (drift) lists; None -> 1.
+    """
     ref_frames, ref_label = _frames(ref, "ref")
     test_frames, test_label = _frames(test, "test")
     if ref_frames.shape[1:] != test_frames.shape[1:]:
@@ -124,6 +146,9 @@ def compare_videos(
         )
     if skip_frames < 0:
         raise JbkvError(f"skip_frames must be >= 0, got {skip_frames}")
+    chunk = 1 if chunk_frames is None else chunk_frames
+    if chunk < 1:
+        raise JbkvError(f"chunk_frames must be >= 1, got {chunk_frames}")
     if skip_frames >= ref_frames.shape[0]:
         raise JbkvError(
             f"skip_frames={skip_frames} leaves no frames to compare in {ref_label} "
@@ -165,6 +190,11 @@ def compare_videos(
         psnr_per_frame=psnr_t.tolist(),
         ssim_per_frame=ssim_t.tolist(),
         lpips_per_frame=None if lpips_t is None else lpips_t.tolist(),
+        chunk_frames=chunk,
+        first_chunk=skip_frames // chunk,
+        psnr_per_chunk=per_chunk(psnr_t, chunk, skip_frames),
+        ssim_per_chunk=per_chunk(ssim_t, chunk, skip_frames),
+        lpips_per_chunk=None if lpips_t is None else per_chunk(lpips_t, chunk, skip_frames),
     )
 
 
@@ -176,27 +206,42 @@ def compare_dirs(
     allow_missing: bool = False,
     lpips: bool | LpipsAlex = True,
     device: torch.device | str | None = None,
+    chunk_frames: int | None = None,
 ) -> FidelityResult:
     """Pair videos of ``test_dir`` with ``ref_dir`` by relative stem and score every pair.
 
     ``lpips``: True loads LPIPS-AlexNet offline (unavailable -> a warning, no LPIPS column),
     False disables it, or pass a loaded ``LpipsAlex``. Missing partners raise ``JbkvError``
-    unless ``allow_missing``, which skips them with a warning.
+    unless ``allow_missing``, which skips them with a warning. ``chunk_frames`` None: read it
+    from the jbkv record (``<name>.json``) beside each test video, else 1 (per frame).
     """
     warnings: list[str] = []
     refs = _scan(Path(ref_dir), "reference", warnings)
     tests = _scan(Path(test_dir), "test", warnings)
-    only_ref = sorted(set(refs) - set(tests))
-    only_test = sorted(set(tests) - set(refs))
-    problems = [f"{k}: no test video in {test_dir}" for k in only_ref]
-    problems += [f"{k}: no reference video in {ref_dir}" for k in only_test]
+    names = {k: k for k in tests}
+    ref_ids, test_ids = _identities(refs), _identities(tests)
+    if ref_ids is not None and test_ids is not None:
+        ref_names = {ref_ids[k]: k for k in refs}
+        names = {test_ids[k]: k for k in tests}
+        refs = {ref_ids[k]: p for k, p in refs.items()}
+        tests = {test_ids[k]: p for k, p in tests.items()}
+        renamed = sum(ref_names[k] != names[k] for k in set(refs) & set(tests))
+        if renamed:
+            warnings.append(
+                f"paired by (prompt, seed) from the jbkv records: {renamed} video(s) have "
+                "different file names in the two folders"
+            )
+    only_ref = sorted(set(refs) - set(tests), key=str)
+    only_test = sorted(set(tests) - set(refs), key=str)
+    problems = [f"{_label(k)}: no test video in {test_dir}" for k in only_ref]
+    problems += [f"{_label(k)}: no reference video in {ref_dir}" for k in only_test]
     if problems and not allow_missing:
         shown = "; ".join(problems[:5]) + (
             f"; … {len(problems) - 5} more" if len(problems) > 5 else ""
         )
         raise JbkvError(f"unpaired videos ({len(problems)}): {shown} (use --allow-missing to skip)")
     warnings.extend(f"skipped {p}" for p in problems)
-    keys = sorted(set(refs) & set(tests))
+    keys = sorted(set(refs) & set(tests), key=lambda k: names[k])
     if not keys:
         raise JbkvError(f"no video in {test_dir} has a partner in {ref_dir}")
 
@@ -210,7 +255,16 @@ def compare_dirs(
         scorer, lpips_status = lpips, LPIPS_DESCRIPTION
 
     videos = [
-        compare_videos(refs[k], tests[k], skip_frames, scorer, name=k, device=device) for k in keys
+        compare_videos(
+            refs[k],
+            tests[k],
+            skip_frames,
+            scorer,
+            name=names[k],
+            device=device,
+            chunk_frames=chunk_frames or _recorded_chunk_frames(tests[k]),
+        )
+        for k in keys
     ]
     return FidelityResult(
         ref_dir=str(ref_dir),
@@ -254,6 +308,56 @@ def _scan(root: Path, role: str, warnings: list[str]) -> dict[str, Path]:
             ignored = ", ".join(p.name for p in paths[1:])
             warnings.append(f"{key}: using {paths[0]} (ignoring {ignored})")
     return chosen
+
+
+Identity = tuple[str, str, int]
+
+
+def _identities(files: dict[str, Path]) -> dict[str, Identity] | None:
+    """``{name: (sub-folder, prompt, seed)}`` when every video has a jbkv record beside it
+    (a folder jbkv wrote), else None (a plain folder of videos, paired by name)."""
+    ids: dict[str, Identity] = {}
+    for name, path in files.items():
+        record = path.with_suffix(".json")
+        if not record.is_file():
+            return None
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            return None
+        if not (
+            isinstance(data, dict)
+            and isinstance(data.get("prompt"), str)
+            and type(data.get("seed")) is int
+            and type(data.get("index")) is int
+        ):
+            return None
+        if f"{data['prompt']}-{data['index']}" != path.stem:
+            raise JbkvError(
+                f"{record} records prompt {data['prompt'][:40]!r} index {data['index']}, which "
+                f"its video's name {path.name!r} does not match (renamed?)"
+            )
+        folder = name.rpartition("/")[0]
+        ids[name] = (folder, data["prompt"], data["seed"])
+    if len(set(ids.values())) != len(ids):
+        return None
+    return ids
+
+
+def _label(key: str | Identity) -> str:
+    if isinstance(key, str):
+        return key
+    folder, prompt, seed = key
+    return f"{folder + '/' if folder else ''}{prompt[:40]} (seed {seed})"
+
+
+def _recorded_chunk_frames(video: Path) -> int | None:
+    """Frames per chunk from the jbkv record beside ``video``, if there is a readable one."""
+    try:
+        record = json.loads(video.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None
+    return chunk_frames_of(record) if isinstance(record, dict) else None
 
 
 def _frames(source: str | Path | torch.Tensor, label: str) -> tuple[torch.Tensor, str]:

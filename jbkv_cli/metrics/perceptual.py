@@ -6,7 +6,8 @@ shipped by the ``lpips`` package (v0.1). Frames are scaled from uint8 to [−1, 
 
 The AlexNet backbone weights are torchvision's ``alexnet-owt-7be5be79.pth`` read from
 ``$TORCH_HOME/hub/checkpoints`` (``torch.hub.get_dir()``). The file is checked *before* anything is
-built; if it is absent or unusable, LPIPS is unavailable with a one-line reason. Nothing here
+built; if it is absent or unusable, LPIPS is unavailable with a one-line reason (absent: "run:
+jbkv weights fetch lpips", which downloads and verifies it; :mod:`jbkv_cli.weights`). Nothing here
 downloads, and no substitute network is ever used: the model is built on the meta device
 (``pnet_rand=True``: no download, no initialization), then every parameter is filled from the
 AlexNet file or the lpips heads, and the fixed input scaling layer is rebuilt.
@@ -66,8 +67,8 @@ def load_lpips(device: torch.device | str | None = None) -> LpipsAlex:
     checkpoint = alexnet_checkpoint_path()
     if not checkpoint.is_file():
         raise LpipsUnavailableError(
-            f"LPIPS unavailable: AlexNet weights not found; place {ALEXNET_FILE} "
-            f"(from {ALEXNET_URL}) at {checkpoint} (or set TORCH_HOME)"
+            f"LPIPS unavailable: AlexNet weights {ALEXNET_FILE} not found at {checkpoint}; "
+            "run: jbkv weights fetch lpips (or place the file there; TORCH_HOME moves it)"
         )
     try:
         import lpips

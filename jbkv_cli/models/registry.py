@@ -1,11 +1,18 @@
-"""Models by name. Adding one is one module plus one line here (imported lazily)."""
+"""Models by name. Adding one is one module plus one line here (imported lazily).
+
+A model module provides ``load_model(**options) -> VideoModel`` and, when it reads only some
+prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raises
+:class:`~jbkv_cli.errors.UsageError` for a prompt it cannot read; commands call it for every
+prompt before anything is created.
+"""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from typing import Any
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError
 from jbkv_cli.models.base import VideoModel
 
 # name -> "module:factory"; factory(**options) -> VideoModel
@@ -19,10 +26,22 @@ MODELS: dict[str, str] = {
 DEFAULT_MODEL = "tiny"
 
 
+def _module(name: str) -> tuple[Any, str]:
+    if name not in MODELS:
+        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    module_name, factory = MODELS[name].split(":")
+    return importlib.import_module(module_name), factory
+
+
 def load_model(name: str, **options: Any) -> VideoModel:
     """Build the model registered as ``name``; options are model-specific (weights, steps, ...)."""
-    if name not in MODELS:
-        raise JbkvError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    module_name, factory = MODELS[name].split(":")
-    module = importlib.import_module(module_name)
+    module, factory = _module(name)
     return getattr(module, factory)(**options)
+
+
+def check_prompts(name: str, prompts: Iterable[str]) -> None:
+    """Raise :class:`UsageError` for the first prompt model ``name`` cannot read."""
+    check = getattr(_module(name)[0], "check_prompt", None)
+    if check is not None:
+        for prompt in prompts:
+            check(prompt)

@@ -86,7 +86,7 @@ def test_generate_resumes_and_skips_finished(magi_run):
 def test_changed_settings_into_existing_run_is_refused(magi_run):
     out, _ = magi_run
     result = invoke("generate", *MAGI, "--steps", "2", "--prompt", "a red ball", "--out", out)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "different settings" in result.output and "steps" in result.output
 
 
@@ -177,7 +177,7 @@ def test_bad_input_one_line_nonzero(args, message, tmp_path):
 def test_out_that_is_not_a_run_is_refused(tmp_path):
     (tmp_path / "stuff.txt").write_text("mine")
     result = invoke("generate", *MAGI, "--prompt", "x", "--out", tmp_path)
-    assert result.exit_code == 1 and "not a jbkv run directory" in result.output
+    assert result.exit_code == 2 and "not a jbkv run directory" in result.output
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,18 @@ def test_report_rebuilds_same_rows_without_recomputing(evaluated):
 def test_regression_gate(evaluated, tmp_path):
     root, js, _ = evaluated
     run = root / "runs/magi1"
-    assert invoke("report", run, "--baseline", js).exit_code == 0
+    passed = invoke("report", run, "--baseline", js)
+    assert passed.exit_code == 0
+    assert "gate passed: 4 variants × 2 videos, psnr/ssim/delta_ps" in passed.output
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"rows": []}')
+    assert invoke("report", run, "--baseline", empty).exit_code == 1
+    reference_only = json.loads(js.read_text())
+    reference_only["rows"] = reference_only["rows"][:1]
+    empty.write_text(json.dumps(reference_only))
+    result = invoke("report", run, "--baseline", empty)
+    assert result.exit_code == 1 and "no quantized variant" in result.output
+    assert invoke("report", run, "--baseline", js, "--tolerance", "psnr=nan").exit_code == 2
     worse = json.loads(js.read_text())
     for r in worse["rows"]:
         if r["variant"] == "int2-rtn-g32":

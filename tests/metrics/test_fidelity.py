@@ -249,6 +249,7 @@ def test_lpips_unavailable_without_alexnet_file(
     assert scorer is None
     assert "alexnet-owt-7be5be79.pth" in reason
     assert str(tmp_path / "torch" / "hub" / "checkpoints") in reason
+    assert "run: jbkv weights fetch lpips" in reason
     assert "\n" not in reason
     assert not (tmp_path / "torch").exists()  # nothing downloaded or created
     _tree(tmp_path / "ref", {"a.mkv": _video()})
@@ -316,3 +317,39 @@ def test_lpips_rejects_wrong_checkpoint(tmp_path: Path, monkeypatch: pytest.Monk
     path.write_bytes(b"garbage")
     with pytest.raises(perceptual.LpipsUnavailableError, match="cannot load"):
         perceptual.load_lpips()
+
+
+def _jbkv_folder(root: Path, seeds: list[int], prompt: str = "a red ball") -> None:
+    """A folder as jbkv writes it: ``{prompt}-{index}`` named by the seed's position."""
+    import json
+
+    for index, seed in enumerate(seeds):
+        name = root / f"{prompt}-{index}"
+        write_video_lossless(name.with_suffix(".mkv"), _video(seed=seed + 10), 8)
+        record = {"prompt": prompt, "seed": seed, "index": index, "kv_cache_bytes": 0}
+        name.with_suffix(".json").write_text(json.dumps(record))
+
+
+def test_jbkv_folders_pair_by_prompt_and_seed_not_position(tmp_path: Path) -> None:
+    """`--seeds 1` then `--seeds 0` into X, `--seeds 0,1` into Y: same videos, other names."""
+    _jbkv_folder(tmp_path / "x", [1, 0])
+    _jbkv_folder(tmp_path / "y", [0, 1])
+    result = compare_dirs(tmp_path / "x", tmp_path / "y", lpips=False)
+    assert [v.psnr for v in result.videos] == [PSNR_CAP_DB, PSNR_CAP_DB]
+    assert any("paired by (prompt, seed)" in w and "2 video(s)" in w for w in result.warnings)
+    plain_x, plain_y = tmp_path / "px", tmp_path / "py"
+    for src, dst in ((tmp_path / "x", plain_x), (tmp_path / "y", plain_y)):
+        dst.mkdir()
+        for f in src.glob("*.mkv"):
+            (dst / f.name).write_bytes(f.read_bytes())
+    by_name = compare_dirs(plain_x, plain_y, lpips=False)  # plain folders: paired by name
+    assert all(v.psnr < 40 for v in by_name.videos)
+
+
+def test_a_renamed_jbkv_video_is_refused(tmp_path: Path) -> None:
+    _jbkv_folder(tmp_path / "x", [0, 1])
+    _jbkv_folder(tmp_path / "y", [0, 1])
+    for ext in (".mkv", ".json"):
+        (tmp_path / "y" / f"a red ball-1{ext}").rename(tmp_path / "y" / f"a red ball-7{ext}")
+    with pytest.raises(JbkvError, match=r"does not match \(renamed\?\)"):
+        compare_dirs(tmp_path / "x", tmp_path / "y", lpips=False)

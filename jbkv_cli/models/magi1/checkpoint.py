@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.magi1.config import Magi1Variant
-from jbkv_cli.models.state_dicts import check_state_dict as check_keys_and_shapes
+from jbkv_cli.models.safetensors_io import check_state_dict as check_keys
+from jbkv_cli.models.safetensors_io import open_safetensors
 
 ENV_VAR = "JBKV_MAGI1_DIR"
 HF_REPO = "sand-ai/MAGI-1"
@@ -124,7 +124,7 @@ def shard_files(directory: Path) -> dict[str, Path]:
     single = directory / SINGLE
     if not single.is_file():
         raise WeightsNotFoundError(f"no {INDEX} or {SINGLE} in {directory}")
-    with safe_open(str(single), framework="pt") as fh:
+    with open_safetensors(single) as fh:
         return dict.fromkeys(fh.keys(), single)
 
 
@@ -136,7 +136,7 @@ def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
         by_file.setdefault(f, []).append(name)
     state = {}
     for f, names in by_file.items():
-        with safe_open(str(f), framework="pt") as fh:
+        with open_safetensors(f) as fh:
             available = set(fh.keys())
             for name in names:
                 if name not in available:
@@ -151,7 +151,7 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], what: str
         raise JbkvError(
             f"{what}: FP8-quantized checkpoint (weight_scale/input_scale keys) is not supported"
         )
-    check_keys_and_shapes(model, state, what)
+    check_keys(model, state, what)
 
 
 def load_strict(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> nn.Module:

@@ -36,11 +36,11 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.diffusers_wan import first_line
+from jbkv_cli.models.safetensors_io import open_safetensors
 
 STATE_KEYS = ("generator_ema", "generator", "model")
 WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -127,10 +127,8 @@ def read_tensors(path: Path) -> object:
     """What a checkpoint file holds: safetensors as a dict; a ``.pt`` pickle with
     ``torch.load(weights_only=True)`` only (never arbitrary pickle code)."""
     if path.suffix == ".safetensors":
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise JbkvError(f"malformed safetensors file {path}: {first_line(exc)}") from exc
+        with open_safetensors(path) as handle:
+            return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
     try:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)

@@ -43,13 +43,13 @@ from jbkv_cli.models.diffusers_wan import (
     tiny_parts,
     transformer_config,
 )
+from jbkv_cli.models.safetensors_io import check_state_dict
 from jbkv_cli.models.self_forcing.checkpoint import (
     merge_lora,
     read_generator,
     read_lora,
     to_diffusers,
 )
-from jbkv_cli.models.state_dicts import check_state_dict
 
 ENV_VAR = "JBKV_SELF_FORCING_DIR"
 BASE_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"

@@ -68,6 +68,11 @@ class TinyVideoModel:
         return Video(frames, FPS, out.kv_cache_bytes, info)
 
 
+def check_prompt(prompt: str) -> None:
+    """Refuse a prompt outside the closed grammar (before anything is generated)."""
+    parse_prompt(prompt)
+
+
 def _digest(path: Path) -> str:
     """The first 16 hex digits of the weights file's SHA-256 (identifies them in run manifests)."""
     import hashlib
@@ -96,4 +101,4 @@ def load_model(
     return TinyVideoModel(weights, device, num_chunks, steps, window, ctx_noise)
 
 
-__all__ = ["TinyVideoModel", "load_model"]
+__all__ = ["TinyVideoModel", "check_prompt", "load_model"]

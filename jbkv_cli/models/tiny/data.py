@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError, shown
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.90, 0.12, 0.10),
@@ -74,11 +74,11 @@ class Prompt:
 
 
 def parse_prompt(text: str) -> Prompt:
-    """Parse a prompt of the closed grammar; anything else raises :class:`JbkvError`."""
+    """Parse a prompt of the closed grammar; anything else raises :class:`UsageError`."""
     m = _PROMPT_RE.match(" ".join(text.lower().split()))
     if m is None:
-        raise JbkvError(
-            f"the tiny model understands only prompts of the form: {GRAMMAR}; got {text!r}"
+        raise UsageError(
+            f"the tiny model understands only prompts of the form: {GRAMMAR}; got {shown(text)}"
         )
     words = m.groupdict()
     for slot, options in (
@@ -88,8 +88,9 @@ def parse_prompt(text: str) -> Prompt:
         ("background", BACKGROUNDS),
     ):
         if words[slot] not in options:
-            raise JbkvError(
-                f"unknown {slot} {words[slot]!r} in prompt {text!r}; the tiny model knows {GRAMMAR}"
+            raise UsageError(
+                f"unknown {slot} {words[slot]!r} in prompt {shown(text)}; "
+                f"the tiny model knows {GRAMMAR}"
             )
     return Prompt(**words)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import WeightsNotFoundError
+from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
 
 DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tiny.safetensors"
@@ -32,9 +32,21 @@ def load_weights(path: Path | str | None = None, device: str = "cpu") -> TinyDiT
             f"tiny model weights not found at {path}; train them with "
             f"`python -m jbkv_cli.models.tiny.train --out {path}`"
         )
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        cfg = TinyConfig(**json.loads(f.metadata()["config"]))
+    with open_safetensors(path) as f:
+        cfg = _config(f.metadata(), path)
         state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     model = TinyDiT(cfg)
+    check_state_dict(model, state, f"tiny model weights {path}")
     model.load_state_dict(state)
     return model.to(device).eval().requires_grad_(False)
+
+
+def _config(metadata: dict[str, str] | None, path: Path) -> TinyConfig:
+    """The :class:`TinyConfig` stored in the file's metadata (one-line error when absent/bad)."""
+    try:
+        return TinyConfig(**json.loads((metadata or {})["config"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JbkvError(
+            f"{path} has no valid tiny-model config in its metadata ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:120]})"
+        ) from exc

@@ -274,8 +274,15 @@ def test_self_forcing_malformed_generator_is_one_line(weights_root, tmp_path, co
 def test_self_forcing_malformed_safetensors_and_base(weights_root, tmp_path):
     root = _copy(weights_root, tmp_path)
     (root / "checkpoints" / "self_forcing_dmd.safetensors").write_bytes(b"nope")
-    with pytest.raises(JbkvError, match="malformed safetensors"):
+    with pytest.raises(JbkvError, match="not a safetensors file"):
         sf.load_model(weights=str(root), **SMALL)
+    shutil.copy(
+        root / "checkpoints" / "self_forcing_dmd.pt", root / "checkpoints" / "x.safetensors"
+    )
+    with pytest.raises(JbkvError, match="pickle checkpoint"):  # a renamed .pt is still a pickle
+        sf.load_model(
+            weights=str(root), generator=str(root / "checkpoints" / "x.safetensors"), **SMALL
+        )
     (root / "checkpoints" / "self_forcing_dmd.safetensors").unlink()
     config = root / comp.BASE_DIR / "transformer" / "config.json"
     config.write_text(json.dumps(json.loads(config.read_text()) | {"_class_name": "Foo"}))

@@ -1,0 +1,209 @@
+"""The CI regression gate: a run's result against a committed baseline result.
+
+A baseline is the JSON that ``quantize-eval --json`` (or ``report --format json``) writes. The gate
+passes only when it compared something real:
+
+1. the same model and generation settings, the same set of (prompt, seed) videos and the same
+   variants as the baseline (anything that differs is named);
+2. every variant of the run is complete: all its videos generated and scored;
+3. no metric of a variant is worse than the baseline's by more than its tolerance: PSNR, SSIM
+   (higher is better), LPIPS (lower), ``|ΔP_S|`` (closer to 0). Metrics the baseline lacks (LPIPS
+   without AlexNet weights) are skipped and listed as such; each quantized variant must have at
+   least one metric compared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jbkv_cli.errors import JbkvError, UsageError, shown
+
+REFERENCE_IDS = ("bf16", "reference")
+TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False}
+_METRIC_KEYS = ("psnr", "ssim", "lpips", "delta_ps")
+
+
+@dataclass
+class GateResult:
+    """What the gate compared, and what failed (``passed`` when nothing did)."""
+
+    problems: list[str] = field(default_factory=list)
+    variants: int = 0
+    videos: int = 0
+    metrics: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        """e.g. ``9 variants × 4 videos, psnr/ssim/delta_ps``."""
+        return f"{self.variants} variants × {self.videos} videos, {'/'.join(self.metrics)}"
+
+
+def parse_tolerances(text: str | None) -> dict[str, float]:
+    """``"psnr=0.5,ssim=0.01"`` -> dict, on top of :data:`TOLERANCES`; each finite and >= 0."""
+    tol = dict(TOLERANCES)
+    if not text:
+        return tol
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip()
+        if key not in TOLERANCES or not value.strip():
+            raise UsageError(
+                f"bad --tolerance {shown(part)}; use e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01"
+            )
+        try:
+            number = float(value)
+        except ValueError:
+            raise UsageError(f"bad --tolerance value {shown(value)} for {key}") from None
+        if not math.isfinite(number) or number < 0:
+            raise UsageError(f"--tolerance {key} must be a finite number >= 0, got {value.strip()}")
+        tol[key] = number
+    return tol
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """Read and validate a baseline; any problem is one line naming the file and the field."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
+        raise JbkvError(f"cannot read baseline {path}: {reason}") from exc
+    problem = _shape_problem(data)
+    if problem:
+        raise JbkvError(f"baseline {path} is not a jbkv result: {problem}")
+    return data
+
+
+def _shape_problem(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if not isinstance(data.get("model"), str):
+        return "no 'model'"
+    if not isinstance(data.get("settings"), dict):
+        return "no 'settings' object"
+    videos = data.get("videos")
+    if not isinstance(videos, list) or not all(_is_video(v) for v in videos):
+        return "no 'videos' list of [prompt, seed] (made before jbkv recorded it: regenerate it)"
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "no 'rows' list"
+    for i, row in enumerate(rows):
+        if not isinstance(row.get("variant"), str):
+            return f"row {i} has no 'variant'"
+        if type(row.get("videos")) is not int:
+            return f"row {row['variant']} has no 'videos' count"
+        for key in _METRIC_KEYS:
+            m = row.get(key)
+            if m is not None and not (isinstance(m, dict) and _is_finite(m.get("mean"), True)):
+                return f"row {row['variant']}: {key} is not {{'mean': number, ...}} or null"
+    return None
+
+
+def _is_video(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and type(v[1]) is int
+
+
+def _is_finite(x: Any, allow_none: bool = False) -> bool:
+    if x is None:
+        return allow_none
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _listed(items: list[str], limit: int = 3) -> str:
+    more = f", … ({len(items)} in all)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _mean(row: dict[str, Any], key: str) -> float | None:
+    m = row.get(key)
+    return m.get("mean") if isinstance(m, dict) else None
+
+
+def check_baseline(
+    current: dict[str, Any], baseline: dict[str, Any], tol: dict[str, float]
+) -> GateResult:
+    """Compare a run's result (``report.to_json``) with a baseline; see the module docstring."""
+    result = GateResult()
+    problems = result.problems
+    if current["model"] != baseline["model"]:
+        problems.append(f"model {current['model']!r}, baseline {baseline['model']!r}")
+        return result
+    settings, base_settings = current["settings"], baseline["settings"]
+    diff = sorted(
+        k for k in set(settings) | set(base_settings) if settings.get(k) != base_settings.get(k)
+    )
+    if diff:
+        problems.append(
+            "settings differ: "
+            + _listed(
+                [f"{k} {settings.get(k)!r} (baseline {base_settings.get(k)!r})" for k in diff]
+            )
+        )
+    videos = {tuple(v) for v in current["videos"]}
+    base_videos = {tuple(v) for v in baseline["videos"]}
+    for label, items in (
+        ("missing", base_videos - videos),
+        ("not in the baseline", videos - base_videos),
+    ):
+        if items:
+            names = [f"{p[:40]!r} seed {s}" for p, s in sorted(items)]
+            problems.append(f"videos {label}: {_listed(names)}")
+    rows = {r["variant"]: r for r in current["rows"] if r["variant"] not in REFERENCE_IDS}
+    base_rows = {r["variant"]: r for r in baseline["rows"] if r["variant"] not in REFERENCE_IDS}
+    if not base_rows:
+        problems.append("the baseline has no quantized variant to compare")
+    for label, items in (
+        ("missing", set(base_rows) - set(rows)),
+        ("not in the baseline", set(rows) - set(base_rows)),
+    ):
+        if items:
+            problems.append(f"variants {label}: {_listed(sorted(items))}")
+    compared: set[str] = set()
+    for vid in sorted(set(rows) & set(base_rows)):
+        row, base = rows[vid], base_rows[vid]
+        n = len(current["videos"])
+        scored = (row.get("psnr") or {}).get("n")
+        if row["videos"] != n or scored != n:
+            problems.append(f"{vid}: {row['videos']} of {n} videos generated, {scored or 0} scored")
+            continue
+        checked = _compare_row(vid, row, base, tol, problems)
+        if not checked:
+            problems.append(f"{vid}: no metric to compare (the baseline has none)")
+        compared |= checked
+    result.variants = len(set(rows) & set(base_rows))
+    result.videos = len(videos)
+    result.metrics = [m for m in _METRIC_KEYS if m in compared]
+    return result
+
+
+def _compare_row(
+    vid: str, row: dict[str, Any], base: dict[str, Any], tol: dict[str, float], problems: list[str]
+) -> set[str]:
+    checked = set()
+    for metric in _METRIC_KEYS:
+        b = _mean(base, metric)
+        if b is None:
+            continue
+        c = _mean(row, metric)
+        if c is None or not math.isfinite(c):
+            problems.append(f"{vid}: {metric} missing (baseline {b:.4f})")
+            continue
+        checked.add(metric)
+        if metric == "delta_ps":
+            worse, what, c_shown, b_shown = abs(c) - abs(b), "|ΔP_S|", abs(c), abs(b)
+        else:
+            worse = b - c if HIGHER_IS_BETTER[metric] else c - b
+            what, c_shown, b_shown = metric, c, b
+        if worse > tol[metric]:
+            problems.append(
+                f"{vid}: {what} {c_shown:.4f} vs baseline {b_shown:.4f} "
+                f"(worse by {worse:.4f} > {tol[metric]})"
+            )
+    return checked

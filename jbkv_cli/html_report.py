@@ -1,0 +1,304 @@
+"""The HTML report of a run: ``RUN/report/index.html``, to compare videos by watching them.
+
+One self-contained page per run, rendered from the report's JSON (``report.to_json``) and the
+run directory alone, with no external URL (no CDN, no web font):
+
+- the variant table, sortable by any column (``report.js``, plain JavaScript);
+- the figures beside it in ``RUN/report/`` (frontier ``psnr_vs_bits.png``, ``delta_ps_hist.png``,
+  ``frames.png``, ``drift.png``) when they have been made, and the drift table (PSNR and SSIM
+  per chunk, per variant, mean ± SE over videos; :mod:`jbkv_cli.drift`);
+- per (prompt, seed) one row of videos: reference / INT4 / INT2 / INT2 + correction / every
+  other variant, under one play/pause/scrub control that keeps them in step.
+
+Videos are not copied: the page links the run's H.264 mp4s by relative path
+(``../videos/<variant>/<prompt>-<i>.mp4``), so the run directory is the unit to share or serve;
+``report/`` alone holds the page, its two assets and the PNGs.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from jbkv_cli import __version__
+from jbkv_cli.atomic import atomic_path, write_text_atomic
+from jbkv_cli.drift import drift_series
+from jbkv_cli.report import lpips_note, table_cells
+from jbkv_cli.runs import REFERENCE, RunDir, video_name
+
+ASSETS = ("report.css", "report.js")
+FIGURES = (
+    ("psnr_vs_bits.png", "Frontier: PSNR against effective bits per cached element"),
+    ("drift.png", "Drift: PSNR and SSIM per chunk (mean ± SE over videos)"),
+    ("delta_ps_hist.png", "Attention mass stolen by quantized cached keys (ΔP_S per query)"),
+    ("frames.png", "Frames over time: reference / INT4 / INT2 / INT2 + correction"),
+)
+MIN_VIDEO_PX, MAX_VIDEO_PX = 128, 320
+
+
+def write_html_report(run: RunDir, data: dict[str, Any], out_dir: Path | None = None) -> Path:
+    """Write ``index.html``, ``report.css`` and ``report.js`` into ``out_dir`` (RUN/report)."""
+    out_dir = Path(out_dir) if out_dir is not None else run.root / "report"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ASSETS:
+        with atomic_path(out_dir / name) as tmp, resources.as_file(_asset(name)) as src:
+            shutil.copyfile(src, tmp)
+    page = out_dir / "index.html"
+    write_text_atomic(page, render_page(run, data, out_dir))
+    return page
+
+
+def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
+    """The page as a string; ``out_dir`` is where it will lie (relative links start there)."""
+    rows = data["rows"]
+    title = f"jbkv report · {data.get('model')}"
+    settings = data.get("settings") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
+    drift = drift_series(run, rows)
+    note = lpips_note(rows)
+    body = [
+        f"<h1>{_e(title)}</h1>",
+        f'<p class="meta">run <code>{_e(run.root.name)}</code> · reference '
+        f"{_e(data.get('reference_precision'))} · {_e(shown)}</p>",
+        "<h2>Variants</h2>",
+        '<p class="meta">Mean ± standard error over videos, each paired with the reference of '
+        "the same prompt and seed; best per column in bold green. Click a header to sort.</p>",
+        _table(rows),
+        f'<p class="note">LPIPS n/a: {_e(note)}</p>' if note else "",
+        _gains(data.get("correction_gains") or []),
+        "<h2>Figures</h2>",
+        _figures(out_dir),
+        "<h2>Drift over time</h2>",
+        _drift(drift),
+        "<h2>Videos</h2>",
+        '<p class="meta">One control per prompt and seed plays, pauses and scrubs every video of '
+        "the row in step (the first video is the clock). Scores: this video against its "
+        "reference.</p>",
+        _videos(run, rows, out_dir, drift["chunk_frames"]),
+        f'<p class="meta">made by jbkv {_e(__version__)} from the run directory alone.</p>',
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{_e(title)}</title>\n"
+        '<link rel="icon" href="data:,">\n<link rel="stylesheet" href="report.css">\n'
+        "</head>\n<body>\n" + "\n".join(b for b in body if b) + "\n"
+        '<script src="report.js"></script>\n</body>\n</html>\n'
+    )
+
+
+def video_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Reference, INT4, INT2, INT2 + correction (the headline four), then every other variant."""
+
+    def pick(bits: int, corrected: bool) -> dict[str, Any] | None:
+        for r in rows:
+            full = r["keys"] and r["values"] and not r["bias_only"]
+            if r["bits"] == bits and r["corrected"] == corrected and full:
+                return r
+        return None
+
+    first = [r for r in (pick(16, False), pick(4, False), pick(2, False), pick(2, True)) if r]
+    seen = {r["variant"] for r in first}
+    return first + [r for r in rows if r["variant"] not in seen]
+
+
+# --- sections -----------------------------------------------------------------------------------
+
+_SORT_KEYS = {
+    "scheme": lambda r: r["quantizer"],
+    "bits": lambda r: r["bits"],
+    "eff. bits": lambda r: r["effective_bits"],
+    "corrected": lambda r: r["correction"],
+    "PSNR ↑ dB": lambda r: _mean(r, "psnr"),
+    "SSIM ↑": lambda r: _mean(r, "ssim"),
+    "LPIPS ↓": lambda r: _mean(r, "lpips"),
+    "ΔP_S": lambda r: _mean(r, "delta_ps"),
+    "KV MB": lambda r: r["kv_cache_bytes"],
+    "s/video": lambda r: _mean(r, "seconds"),
+}
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols, cells, best = table_cells(rows)
+    text_cols = {"variant", "scheme", "corrected"}
+    head = "".join(
+        f'<th class="text" scope="col">{_e(c)}</th>'
+        if c in text_cols
+        else f'<th scope="col">{_e(c)}</th>'
+        for c in cols
+    )
+    lines = []
+    for i, (r, row_cells) in enumerate(zip(rows, cells, strict=True)):
+        tds = []
+        for c, text in zip(cols, row_cells, strict=True):
+            key = i if c == "variant" else _sort_key(r, c)
+            classes = [
+                k
+                for k, on in (("text", c in text_cols), ("best", best.get(c) == r["variant"]))
+                if on
+            ]
+            cls = f' class="{" ".join(classes)}"' if classes else ""
+            tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{_e(text)}</td>')
+        ref = ' class="reference"' if r["variant"] == REFERENCE else ""
+        lines.append(f'<tr{ref} data-variant="{_e(r["variant"])}">{"".join(tds)}</tr>')
+    return (
+        '<table class="sortable" id="variants">\n'
+        f"<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(lines) + "\n</tbody>\n</table>"
+    )
+
+
+def _sort_key(row: dict[str, Any], column: str) -> Any:
+    if column in _SORT_KEYS:
+        return _SORT_KEYS[column](row)
+    if column.startswith("VB "):
+        vb = row.get("vbench") or {}
+        if column == "VB quality":
+            return vb.get("quality")
+        dim = (vb.get("dimensions") or {}).get(column[3:]) or {}
+        return dim.get("mean")
+    return None
+
+
+def _gains(gains: list[dict[str, Any]]) -> str:
+    items = []
+    for g in gains:
+        d = g.get("psnr_gain")
+        if not d:
+            continue
+        se = f" ± {d['se']:.2f}" if d.get("se") is not None else ""
+        frac = g.get("recovered_fraction")
+        rec = f" ({frac:+.0%} of the gap to {g['gap_to']})" if frac is not None else ""
+        items.append(
+            f"<li>{_e(g['correction'])} on INT{g['bits']} {_e(g['quantizer'])} "
+            f"g{g['group_size']}: PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
+        )
+    return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+def _figures(out_dir: Path) -> str:
+    figs = [
+        f'<figure><img src="{quote(name)}" alt="{_e(caption)}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+        for name, caption in FIGURES
+        if (out_dir / name).is_file()
+    ]
+    if not figs:
+        return '<p class="meta">No figures yet (run <code>jbkv report RUN --plots</code>).</p>'
+    return '<div class="figures">' + "".join(figs) + "</div>"
+
+
+def _drift(drift: dict[str, Any]) -> str:
+    if not drift["variants"]:
+        return '<p class="meta">No per-chunk scores yet.</p>'
+    unit = drift["unit"]
+    per = f"chunk of {drift['chunk_frames']} frames" if unit == "chunk" else "frame"
+    chunks = sorted({p["chunk"] for v in drift["variants"] for p in v["psnr"]})
+    parts = [
+        f'<p class="meta">PSNR (dB) and SSIM per {_e(per)} against the reference, mean ± SE '
+        "over videos: a full-clip mean hides when quality falls. 100 dB = identical frames "
+        "(the cap).</p>"
+    ]
+    for metric, digits in (("psnr", 2), ("ssim", 4)):
+        head = "".join(f"<th>{unit} {c}</th>" for c in chunks)
+        body = []
+        for v in drift["variants"]:
+            by_chunk = {p["chunk"]: p for p in v[metric]}
+            tds = "".join(_drift_cell(by_chunk.get(c), digits) for c in chunks)
+            body.append(f'<tr><td class="text">{_e(v["label"])}</td>{tds}</tr>')
+        parts.append(
+            f"<details{' open' if metric == 'psnr' else ''}><summary>{metric.upper()} per "
+            f'{_e(unit)}</summary>\n<table class="sortable drift" data-metric="{metric}">'
+            f'<thead><tr><th class="text">variant</th>{head}</tr></thead>\n<tbody>'
+            + "\n".join(body)
+            + "</tbody></table></details>"
+        )
+    return "\n".join(parts)
+
+
+def _drift_cell(point: dict[str, Any] | None, digits: int) -> str:
+    if not point or point["mean"] is None:
+        return '<td data-sort="">—</td>'
+    se = f" ± {point['se']:.{digits}f}" if point.get("se") is not None else ""
+    return f'<td data-sort="{point["mean"]}">{point["mean"]:.{digits}f}{se}</td>'
+
+
+def _videos(run: RunDir, rows: list[dict[str, Any]], out_dir: Path, chunk_frames: int) -> str:
+    order = video_order(rows)
+    refs = sorted(run.records(REFERENCE), key=lambda r: (r["prompt"], r["index"]))
+    scores = {r["variant"]: run.read_metrics("fidelity", r["variant"]) for r in order}
+    groups = []
+    for ref in refs:
+        name = video_name(ref["prompt"], ref["index"])
+        frames, _, width = (ref.get("frames") or [0, 0, 0])[:3]
+        fps = float(ref.get("fps") or 0) or 25.0
+        shown_w = _display_width(width)
+        figures = []
+        for r in order:
+            mp4 = run.paths(r["variant"], name)["mp4"]
+            if not run.is_done(r["variant"], name):
+                continue
+            src = _relative_url(mp4, out_dir)
+            s = scores[r["variant"]].get(name) or {}
+            score = (
+                "reference"
+                if r["variant"] == REFERENCE
+                else f"PSNR {s['psnr']:.2f} dB · SSIM {s['ssim']:.4f}"
+                if "psnr" in s
+                else "not scored"
+            )
+            figures.append(
+                f'<figure data-variant="{_e(r["variant"])}"><video src="{src}" muted loop '
+                f'playsinline preload="auto" width="{shown_w}"></video>'
+                f'<figcaption>{_e(r["label"])}<br><span class="score">{_e(score)}</span>'
+                "</figcaption></figure>"
+            )
+        if not figures:
+            continue
+        duration = frames / fps if frames else 0
+        groups.append(
+            f'<section class="sync-group" data-fps="{fps:g}" data-frames="{frames}" '
+            f'data-chunk-frames="{chunk_frames}">'
+            f"<h3>{_e(ref['prompt'])} · seed {_e(ref['seed'])}</h3>"
+            '<div class="controls"><button class="play" type="button">▶ play</button>'
+            f'<input class="scrub" type="range" min="0" max="{duration:g}" step="{1 / fps:g}" '
+            f'value="0" aria-label="scrub"><span class="time"></span></div>'
+            f'<div class="videos">{"".join(figures)}</div></section>'
+        )
+    return "\n".join(groups) or '<p class="meta">No finished videos yet.</p>'
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _display_width(width: int) -> int:
+    """Small videos scaled up by a whole factor (pixelated, to at least 128 px), large ones to 320."""
+    if width <= 0:
+        return MAX_VIDEO_PX
+    return min(width * max(1, MIN_VIDEO_PX // width), MAX_VIDEO_PX)
+
+
+def _asset(name: str):
+    return resources.files("jbkv_cli").joinpath("report_assets", name)
+
+
+def _relative_url(path: Path, start: Path) -> str:
+    """``path`` relative to ``start`` as a URL (each segment percent-encoded)."""
+    rel = Path(os.path.relpath(path.resolve(), start.resolve()))
+    return "/".join(quote(part) for part in rel.parts)
+
+
+def _mean(row: dict[str, Any], key: str) -> float | None:
+    m = row.get(key)
+    return None if not m else m.get("mean")
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+__all__ = ["render_page", "video_order", "write_html_report"]

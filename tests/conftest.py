@@ -1,0 +1,123 @@
+"""Shared fixtures: a local HTTP server (127.0.0.1 only, with byte ranges) for tests that
+download (``jbkv weights``) or load pages in a browser (the HTML report). Never the network."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+@dataclass
+class LocalServer:
+    """A folder served on ``url``; ``requests`` logs (path, Range header, status)."""
+
+    root: Path
+    url: str
+    requests: list[tuple[str, str | None, int]] = field(default_factory=list)
+    ranges: bool = True
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    """``SimpleHTTPRequestHandler`` plus ``Range: bytes=N-`` (206), as browsers and resumable
+    downloads use it; quiet."""
+
+    server_state: LocalServer
+
+    def send_head(self):
+        state = self.server_state
+        path = Path(self.translate_path(self.path))
+        header = self.headers.get("Range")
+        match = re.fullmatch(r"bytes=(\d+)-(\d*)", header or "")
+        if not (state.ranges and match and path.is_file()):
+            self._status = 200
+            return super().send_head()
+        size = path.stat().st_size
+        start = int(match.group(1))
+        end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
+        if start >= size:
+            self._status = 416
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        f = path.open("rb")
+        f.seek(start)
+        self._status = 206
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(str(path)))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        self._left = end - start + 1
+        return f
+
+    def copyfile(self, source, outputfile):
+        left = getattr(self, "_left", None)
+        if left is None:
+            return super().copyfile(source, outputfile)
+        while left > 0 and (block := source.read(min(1 << 16, left))):
+            outputfile.write(block)
+            left -= len(block)
+        return None
+
+    def log_request(self, code="-", size="-"):
+        status = int(code) if str(code).isdigit() else getattr(self, "_status", 0)
+        self.server_state.requests.append((self.path, self.headers.get("Range"), status))
+
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture
+def local_server(tmp_path: Path) -> Iterator[LocalServer]:
+    """Serve ``tmp_path / "www"`` on http://127.0.0.1:<free port>/ for one test."""
+    root = tmp_path / "www"
+    root.mkdir()
+    state = LocalServer(root, "")
+    handler = type("Handler", (_Handler,), {"server_state": state})
+
+    def factory(*args, **kwargs):
+        return handler(*args, directory=str(root), **kwargs)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), factory)
+    state.url = f"http://127.0.0.1:{server.server_port}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+TINY_PROMPTS = (
+    "a red circle moves right on a dark background",
+    "a blue square moves up on a gray background",
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A finished quantize-eval run on the embedded model: 2 prompts x seed 0, reference +
+    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores)."""
+    from typer.testing import CliRunner
+
+    from jbkv_cli.cli import app
+
+    prompts = tmp_path_factory.mktemp("prompts") / "p.txt"
+    prompts.write_text("\n".join(TINY_PROMPTS) + "\n")
+    out = tmp_path_factory.mktemp("tiny-run")
+    args = ["quantize-eval", "--prompts", str(prompts), "--seeds", "0", "--bits", "2,4"]
+    args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--no-lpips", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out / "tiny"

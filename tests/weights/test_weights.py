@@ -1,0 +1,272 @@
+"""jbkv_cli.weights: manifest, resumable verified download, status — against a local server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics import perceptual
+from jbkv_cli.metrics.vbench_weights import WEIGHTS, cache_roots
+from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
+from jbkv_cli.weights.manifest import WeightEntry, resolve_mirror
+
+PAYLOAD = bytes(range(256)) * 4099  # 1 MiB + a bit: more than one read block
+
+
+def _roots(tmp_path: Path) -> dict[str, Path]:
+    return cache_roots({"HOME": str(tmp_path / "home"), "TORCH_HOME": str(tmp_path / "torch")})
+
+
+def _entry(url: str, **kw) -> WeightEntry:
+    base = {
+        "name": "blob",
+        "group": "lpips",
+        "used_by": "tests",
+        "url": url,
+        "root": "torch_hub",
+        "path": "checkpoints/blob.pth",
+        "sha256": hashlib.sha256(PAYLOAD).hexdigest(),
+    }
+    return WeightEntry(**{**base, **kw})
+
+
+# --- the shipped manifest -----------------------------------------------------------------------
+
+
+def test_shipped_manifest_loads_and_pins_only_what_is_published():
+    entries = load_manifest()
+    by_name = {e.name: e for e in entries}
+    alex = by_name["alexnet"]
+    assert alex.group == "lpips" and alex.url == perceptual.ALEXNET_URL
+    assert alex.sha256 is None and alex.sha256_prefix == "7be5be79"  # torch.hub file-name suffix
+    for name in ("clip-vit-b32", "clip-vit-l14"):  # openai-clip checks the URL's hash segment
+        e = by_name[name]
+        assert e.sha256 == urlparse(e.url).path.split("/")[-2]
+    assert all(e.hash_source for e in entries)
+    assert len({e.file_name for e in entries}) == len(entries)  # a flat mirror has no clashes
+
+
+def test_alexnet_lands_where_lpips_looks(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    alex = select(load_manifest(), ["lpips"])
+    assert [e.name for e in alex] == ["alexnet"]
+    assert alex[0].destination() == perceptual.alexnet_checkpoint_path()
+
+
+def test_every_downloadable_vbench_file_is_in_the_manifest(tmp_path):
+    roots = _roots(tmp_path)
+    provided = set()
+    for e in select(load_manifest(), ["vbench"]):
+        provided.update(str(p) for p in e.required_paths(roots))
+        if e.unpack:
+            provided.update(str(p.parent) for p in e.required_paths(roots))
+    wanted = {
+        str(roots[w.root] / w.path)
+        for files in WEIGHTS.values()
+        for w in files
+        if w.root != "hf_hub"  # Hugging Face snapshots are not single files
+    }
+    assert wanted <= provided, sorted(wanted - provided)
+
+
+def test_select_groups_names_and_unknown():
+    entries = load_manifest()
+    assert {e.group for e in select(entries, ["vbench"])} == {"vbench"}
+    assert len(select(entries, ["all", "alexnet"])) == len(entries)
+    with pytest.raises(ValueError, match="unknown target 'nope'"):
+        select(entries, ["nope"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sha256": "abc"}, "sha256 must be 64"),
+        ({"group": "other"}, "group must be one of"),
+        ({"root": "nowhere"}, "root must be one of"),
+        ({"url": "ftp://x/y"}, "url must be"),
+        ({"path": "../../etc/passwd"}, "inside their root"),
+        ({"surprise": 1}, "unknown field"),
+    ],
+)
+def test_bad_manifest_is_one_line_error(tmp_path, change, message):
+    item = {**_entry("http://127.0.0.1:9/blob.pth").__dict__, "provides": [], **change}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"files": [item]}))
+    with pytest.raises(JbkvError, match=message):
+        load_manifest(path)
+
+
+def test_mirror_must_be_a_url(monkeypatch):
+    monkeypatch.setenv("JBKV_WEIGHTS_MIRROR", "http://127.0.0.1:1/m")
+    assert resolve_mirror(None) == "http://127.0.0.1:1/m"
+    assert resolve_mirror("file:///srv/w") == "file:///srv/w"
+    with pytest.raises(ValueError, match="not an http"):
+        resolve_mirror("/srv/weights")
+
+
+# --- download -----------------------------------------------------------------------------------
+
+
+def test_fetch_verifies_and_moves_into_place(tmp_path, local_server):
+    (local_server.root / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry(f"{local_server.url}/blob.pth")
+    seen = []
+    path = fetch_entry(entry, roots, progress=lambda done, total: seen.append((done, total)))
+    assert path == roots["torch_hub"] / "checkpoints" / "blob.pth"
+    assert path.read_bytes() == PAYLOAD
+    assert not entry.part_path(roots).exists()
+    assert seen[-1] == (len(PAYLOAD), len(PAYLOAD))
+    assert entry_status(entry, roots).state == "present"
+
+
+def test_fetch_resumes_a_partial_download_with_a_range_request(tmp_path, local_server):
+    (local_server.root / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry(f"{local_server.url}/blob.pth")
+    part = entry.part_path(roots)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(PAYLOAD[:300_000])
+    status = entry_status(entry, roots)
+    assert status.state == "partial" and "300000 bytes" in status.detail
+    fetch_entry(entry, roots)
+    assert entry.destination(roots).read_bytes() == PAYLOAD
+    assert local_server.requests == [("/blob.pth", "bytes=300000-", 206)]
+
+
+def test_fetch_restarts_when_the_server_ignores_ranges(tmp_path, local_server):
+    local_server.ranges = False
+    (local_server.root / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry(f"{local_server.url}/blob.pth")
+    part = entry.part_path(roots)
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"stale bytes from another file")
+    fetch_entry(entry, roots)
+    assert entry.destination(roots).read_bytes() == PAYLOAD
+    assert local_server.requests == [("/blob.pth", "bytes=29-", 200)]
+
+
+def test_a_complete_part_is_verified_without_downloading_again(tmp_path, local_server):
+    (local_server.root / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry(f"{local_server.url}/blob.pth")
+    entry.part_path(roots).parent.mkdir(parents=True)
+    entry.part_path(roots).write_bytes(PAYLOAD)
+    fetch_entry(entry, roots)
+    assert entry.destination(roots).read_bytes() == PAYLOAD
+    assert [status for _, _, status in local_server.requests] == [416]
+
+
+@pytest.mark.parametrize(
+    "pin",
+    [
+        {"sha256": "0" * 64},
+        {"sha256": None, "sha256_prefix": "00000000"},
+        {"sha256": None, "size": 12},
+    ],
+)
+def test_mismatch_is_refused_and_deleted(tmp_path, local_server, pin):
+    (local_server.root / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry(f"{local_server.url}/blob.pth", **pin)
+    with pytest.raises(JbkvError, match=r"blob\.pth does not match its pin .*deleted it") as exc:
+        fetch_entry(entry, roots)
+    assert "\n" not in str(exc.value)
+    assert not entry.destination(roots).exists()
+    assert not entry.part_path(roots).exists()
+
+
+def test_fetch_from_an_http_mirror(tmp_path, local_server):
+    (local_server.root / "mirror").mkdir()
+    (local_server.root / "mirror" / "blob.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry("http://127.0.0.1:9/upstream/path/blob.pth")  # never contacted
+    fetch_entry(entry, roots, mirror=f"{local_server.url}/mirror/")
+    assert entry.destination(roots).read_bytes() == PAYLOAD
+    assert [path for path, _, _ in local_server.requests] == ["/mirror/blob.pth"]
+
+
+def test_fetch_from_a_file_mirror(tmp_path):
+    mirror = tmp_path / "airgap"
+    mirror.mkdir()
+    (mirror / "named.pth").write_bytes(PAYLOAD)
+    roots = _roots(tmp_path)
+    entry = _entry("http://127.0.0.1:9/blob.pth", mirror_name="named.pth")
+    fetch_entry(entry, roots, mirror=mirror.as_uri())
+    assert entry.destination(roots).read_bytes() == PAYLOAD
+
+
+def test_http_and_connection_errors_name_the_url(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    missing = _entry(f"{local_server.url}/missing.pth")
+    with pytest.raises(
+        JbkvError, match=rf"cannot download {local_server.url}/missing.pth: HTTP 404"
+    ):
+        fetch_entry(missing, roots)
+    refused = _entry("http://127.0.0.1:9/blob.pth")  # discard port: nothing listens
+    with pytest.raises(JbkvError, match=r"cannot download http://127\.0\.0\.1:9/blob\.pth: "):
+        fetch_entry(refused, roots)
+    assert not refused.destination(roots).exists()
+
+
+def test_zip_entries_unpack_into_place(tmp_path, local_server):
+    archive = local_server.root / "repo-main.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("repo-main/hubconf.py", "dependencies = []\n")
+        zf.writestr("repo-main/models/net.py", "x = 1\n")
+    roots = _roots(tmp_path)
+    entry = _entry(
+        f"{local_server.url}/repo-main.zip",
+        sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+        path="owner_repo_main",
+        unpack="zip",
+        strip_components=1,
+        provides=("owner_repo_main/hubconf.py",),
+    )
+    assert entry_status(entry, roots).state == "missing"
+    dest = fetch_entry(entry, roots)
+    assert (dest / "hubconf.py").is_file() and (dest / "models" / "net.py").is_file()
+    assert entry_status(entry, roots).state == "present"
+    assert not entry.part_path(roots).exists()
+    assert [p.name for p in dest.iterdir() if p.name.startswith(".")] == []
+
+
+def test_zip_that_does_not_provide_what_it_should_is_an_error(tmp_path, local_server):
+    archive = local_server.root / "x.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("other.txt", "")
+    entry = _entry(
+        f"{local_server.url}/x.zip",
+        sha256=None,
+        path="x",
+        unpack="zip",
+        provides=("x/wanted.pth",),
+    )
+    with pytest.raises(JbkvError, match="did not provide"):
+        fetch_entry(entry, _roots(tmp_path))
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def test_status_states(tmp_path):
+    roots = _roots(tmp_path)
+    entry = _entry("http://127.0.0.1:9/blob.pth")
+    assert entry_status(entry, roots).state == "missing"
+    dest = entry.destination(roots)
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(PAYLOAD[:-1])
+    status = entry_status(entry, roots)
+    assert status.state == "corrupt" and "SHA-256" in status.detail
+    assert entry_status(entry, roots, verify=False).state == "present"  # not hashed
+    dest.write_bytes(PAYLOAD)
+    assert entry_status(entry, roots).detail == "verified (sha256)"
+    unpinned = _entry("http://127.0.0.1:9/blob.pth", sha256=None)
+    assert entry_status(unpinned, roots).detail == "unverified: nothing pinned"
