@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from jbkv_cli.console import err
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +41,9 @@ def register(app: typer.Typer) -> None:
         from jbkv_cli.models.self_forcing.checkpoint import convert_checkpoint as convert
 
         if not src.is_file():
-            raise JbkvError(f"no checkpoint file {src}")
+            raise UsageError(f"no checkpoint file {src}")
         target = dst if dst is not None else src.with_suffix(".safetensors")
+        if target.suffix != ".safetensors":
+            raise UsageError(f"{target}: the converted file must end in .safetensors")
         count = convert(src, target, ema=ema, lora=lora)
         err.print(f"{count} tensors → {target}", highlight=False)

@@ -110,4 +110,5 @@ def test_self_forcing_convert_checkpoint_command(tmp_path):
         load_file(str(tmp_path / "raw.safetensors"))["patch_embedding.bias"], torch.arange(4.0)
     )
     bad = invoke("convert-checkpoint", tmp_path / "g.pt", tmp_path / "x.bin")
-    assert bad.exit_code == 1 and ".safetensors" in bad.output
+    assert bad.exit_code == 2 and ".safetensors" in bad.output
+    assert invoke("convert-checkpoint", tmp_path / "none.pt").exit_code == 2
