@@ -110,12 +110,13 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import experiment, fidelity, vbench, weights
+    from jbkv_cli.commands import convert, experiment, fidelity, vbench, weights
 
     experiment.register(app)
     fidelity.register(app)
     vbench.register(app)
     weights.register(app)
+    convert.register(app)
 
 
 _register_commands()

@@ -70,6 +70,7 @@ HELP = [
     ("weights",),
     ("weights", "status"),
     ("weights", "fetch"),
+    ("convert-checkpoint",),
 ]
 
 

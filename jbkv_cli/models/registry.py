@@ -20,6 +20,7 @@ MODELS: dict[str, str] = {
     "tiny": "jbkv_cli.models.tiny:load_model",
     "magi1": "jbkv_cli.models.magi1:load_model",
     "skyreels-v2": "jbkv_cli.models.skyreels_v2:load_model",
+    "self-forcing": "jbkv_cli.models.self_forcing:load_model",
 }
 
 DEFAULT_MODEL = "tiny"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
@@ -34,29 +33,6 @@ ATOL = 1e-5  # fp32: chunk loop with cache vs one full forward
 K = 2  # latent frames per chunk in these tests
 INT2 = KVSpec.build("rtn", bits=2)
 INT2_TAYLOR = KVSpec.build("rtn", bits=2, correction="taylor")
-
-
-class PlainCache:
-    """The unquantized cache without jbkv: concatenate and call SDPA."""
-
-    def __init__(self, spec=None, window=None, observer=None):
-        self.k, self.v, self.window = [], [], window
-
-    def attend(self, q, k_cur, v_cur, scale, backend=None):
-        keys = torch.cat([*self.k, k_cur], dim=-2)
-        values = torch.cat([*self.v, v_cur], dim=-2)
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
-
-    def commit(self, k, v):
-        self.k, self.v = [*self.k, k], [*self.v, v]
-        if self.window is not None:
-            self.k, self.v = self.k[-self.window :], self.v[-self.window :]
-
-    @property
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    working_nbytes = 0
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +145,12 @@ def test_window_matches_a_banded_block_mask(tiny):
     torch.testing.assert_close(loop, full, atol=ATOL, rtol=0)
 
 
-def test_16bit_cache_is_bit_identical_to_plain_concat(tiny):
+def test_16bit_cache_is_bit_identical_to_plain_concat(tiny, plain_cache):
     transformer = tiny.transformer
     latents, text, timesteps = _inputs()
     with torch.no_grad():
         plain = _chunk_loop(
-            transformer, latents, text, timesteps, [PlainCache() for _ in transformer.blocks]
+            transformer, latents, text, timesteps, [plain_cache() for _ in transformer.blocks]
         )
         jbkv = _chunk_loop(
             transformer,
@@ -202,11 +178,11 @@ def test_reading_forwards_leave_the_cache_alone(tiny):
     assert torch.equal(first[0], second[0])
 
 
-def test_processors_and_config_restored_even_on_error(tiny):
+def test_processors_and_config_restored_even_on_error(tiny, plain_cache):
     transformer = tiny.transformer
     before = [b.attn1.get_processor() for b in transformer.blocks]
     cross = [b.attn2.get_processor() for b in transformer.blocks]
-    context = ChunkContext(caches=[PlainCache() for _ in transformer.blocks])
+    context = ChunkContext(caches=[plain_cache() for _ in transformer.blocks])
     with pytest.raises(RuntimeError, match="boom"), chunk_attention(transformer, context):
         assert all(
             isinstance(b.attn1.processor, CachedSelfAttnProcessor) for b in transformer.blocks
@@ -244,9 +220,9 @@ def test_initial_noise_is_shared_and_prefix_stable(tiny_model):
     assert torch.equal(longer.initial_noise("a red ball", 3)[:, :, : noise.shape[2]], noise)
 
 
-def test_generate_16bit_cache_equals_plain_loop(tiny_model, monkeypatch):
+def test_generate_16bit_cache_equals_plain_loop(tiny_model, monkeypatch, plain_cache):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sky, "ChunkKVCache", PlainCache)
+    monkeypatch.setattr(sky, "ChunkKVCache", plain_cache)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 

@@ -15,9 +15,7 @@ whole generation path runs on a CPU in tests.
 
 from __future__ import annotations
 
-import json
 import os
-import string
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,15 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import WeightsNotFoundError
+from jbkv_cli.models.diffusers_wan import (
+    TINY_MAX_SEQUENCE_LENGTH,
+    first_line,
+    hf_cache_snapshot,
+    tiny_parts,
+    transformer_config,
+)
+from jbkv_cli.models.diffusers_wan import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
+from jbkv_cli.models.diffusers_wan import missing_parts as shared_missing_parts
 
 DEFAULT_REPO_ID = "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers"
 ENV_VAR = "JBKV_SKYREELS_DIR"
@@ -56,21 +63,6 @@ class Components:
 # --------------------------------------------------------------------------- finding weights
 
 
-def _hf_cache_snapshot(repo_id: str) -> Path | None:
-    """The snapshot directory of ``repo_id`` in the local Hugging Face cache, if any."""
-    from huggingface_hub import constants
-
-    repo_dir = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
-    snapshots = repo_dir / "snapshots"
-    ref = repo_dir / "refs" / "main"
-    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
-        return snapshots / ref.read_text().strip()
-    if snapshots.is_dir():
-        found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
-        return found[-1] if found else None
-    return None
-
-
 def resolve_weights_dir(weights: str | os.PathLike | None) -> Path:
     """Where the weights are: ``weights``, else ``$JBKV_SKYREELS_DIR``, else the HF cache."""
     if weights is None:
@@ -81,7 +73,7 @@ def resolve_weights_dir(weights: str | os.PathLike | None) -> Path:
             return path
         name = str(weights)
         if name.count("/") == 1 and not path.exists():
-            snapshot = _hf_cache_snapshot(name)
+            snapshot = hf_cache_snapshot(name)
             if snapshot is not None:
                 return snapshot
         raise WeightsNotFoundError(
@@ -89,7 +81,7 @@ def resolve_weights_dir(weights: str | os.PathLike | None) -> Path:
             f"Hugging Face cache; download {DEFAULT_REPO_ID} (e.g. `hf download {DEFAULT_REPO_ID}`) "
             "and pass its directory with --weights"
         )
-    snapshot = _hf_cache_snapshot(DEFAULT_REPO_ID)
+    snapshot = hf_cache_snapshot(DEFAULT_REPO_ID)
     if snapshot is None:
         raise WeightsNotFoundError(
             f"SkyReels-V2 weights not found: pass a diffusers-format directory (weights=... / "
@@ -101,16 +93,7 @@ def resolve_weights_dir(weights: str | os.PathLike | None) -> Path:
 
 def missing_parts(root: Path) -> list[str]:
     """Every required file absent under ``root``, as ``part/file`` (``a|b``: any of them)."""
-    missing: list[str] = []
-    for part, (files, any_of) in _REQUIRED.items():
-        folder = root / part
-        for name in files:
-            if not (folder / name).is_file():
-                missing.append(f"{part}/{name}")
-        for group in any_of:
-            if not any(next(folder.glob(pattern), None) for pattern in group):
-                missing.append(f"{part}/{'|'.join(group)}")
-    return missing
+    return shared_missing_parts(root, _REQUIRED)
 
 
 def check_weights_dir(root: Path) -> None:
@@ -121,17 +104,11 @@ def check_weights_dir(root: Path) -> None:
             f"incomplete SkyReels-V2 weights directory {root}: missing {', '.join(missing)} "
             f"(expected the diffusers layout of {DEFAULT_REPO_ID})"
         )
-    config_path = root / "transformer" / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsNotFoundError(f"malformed {config_path}: {exc}") from exc
-    found = config.get("_class_name") if isinstance(config, dict) else None
-    if found != TRANSFORMER_CLASS:
-        raise WeightsNotFoundError(
-            f"{config_path} describes {found!r}, not a {TRANSFORMER_CLASS}; "
-            f"expected a SkyReels-V2 diffusion-forcing checkpoint such as {DEFAULT_REPO_ID}"
-        )
+    transformer_config(
+        root,
+        TRANSFORMER_CLASS,
+        f"a SkyReels-V2 diffusion-forcing checkpoint such as {DEFAULT_REPO_ID}",
+    )
 
 
 def load_components(root: Path, dtype: torch.dtype) -> Components:
@@ -167,11 +144,8 @@ def load_components(root: Path, dtype: torch.dtype) -> Components:
         try:
             parts[name] = load()
         except Exception as exc:  # any loader failure means a bad weights directory
-            first_line = (
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            )
             raise WeightsNotFoundError(
-                f"could not load the SkyReels-V2 {name} from {root / name}: {first_line}"
+                f"could not load the SkyReels-V2 {name} from {root / name}: {first_line(exc)}"
             ) from exc
     for part in ("transformer", "vae", "text_encoder"):
         parts[part].eval().requires_grad_(False)
@@ -179,43 +153,6 @@ def load_components(root: Path, dtype: torch.dtype) -> Components:
 
 
 # --------------------------------------------------------------------------- tiny, in memory
-
-TINY_TEXT_DIM = 32
-TINY_MAX_SEQUENCE_LENGTH = 16
-
-
-def tiny_tokenizer() -> Any:
-    """A character-level tokenizer (pad 0, eos 1, unk 2 as in T5/UMT5), built without files."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "</s>", "<unk>"]
-    symbols = string.ascii_letters + string.digits + string.punctuation
-    vocab = {token: i for i, token in enumerate(specials + list(symbols))}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
-    )
-    backend.post_processor = processors.TemplateProcessing(
-        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=TINY_MAX_SEQUENCE_LENGTH,
-    )
-
-
-def cast_keeping_fp32(transformer: Any, dtype: torch.dtype) -> None:
-    """Cast parameters to ``dtype`` except those of ``_keep_in_fp32_modules`` (rope, time
-    embedder, modulation tables, norms), as ``from_pretrained(torch_dtype=...)`` does."""
-    keep = set(getattr(transformer, "_keep_in_fp32_modules", None) or ())
-    for name, module in transformer.named_modules():
-        target = torch.float32 if keep & set(name.split(".")) else dtype
-        for param in module.parameters(recurse=False):
-            param.data = param.data.to(target)
 
 
 def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Components:
@@ -229,51 +166,13 @@ def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Compon
     The global RNG is left untouched.
     """
     import diffusers
-    import transformers
 
-    tokenizer = tiny_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = diffusers.SkyReelsV2Transformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=32,
-            in_channels=16,
-            out_channels=16,
-            text_dim=TINY_TEXT_DIM,
-            freq_dim=256,
-            ffn_dim=32,
-            num_layers=2,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            rope_max_seq_len=32,
-        )
-        vae = diffusers.AutoencoderKLWan(
-            base_dim=3,
-            z_dim=16,
-            dim_mult=[1, 1, 1, 1],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-        )
-        text_config = transformers.UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=TINY_TEXT_DIM,
-            d_kv=8,
-            d_ff=64,
-            num_layers=2,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            dropout_rate=0.0,
-        )
-        text_encoder = transformers.UMT5EncoderModel(text_config)
+    transformer, vae, text_encoder, tokenizer = tiny_parts(
+        diffusers.SkyReelsV2Transformer3DModel, seed, dtype
+    )
     scheduler = diffusers.UniPCMultistepScheduler(
         prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=8.0
     )
-    for module in (transformer, vae, text_encoder):
-        module.eval().requires_grad_(False)
-    if dtype != torch.float32:
-        cast_keeping_fp32(transformer, dtype)
-        text_encoder.to(dtype)
     return Components(
         transformer=transformer,
         vae=vae,

@@ -28,7 +28,6 @@ RoPE at its window start; within the first ``window`` chunks the two agree exact
 from __future__ import annotations
 
 import copy
-import html
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -36,9 +35,18 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache import ChunkKVCache
-from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.diffusers_wan import (
+    check_frame_size,
+    checked_options,
+    chunk_video,
+    chunks_for_frames,
+    decode_wan,
+    encode_umt5,
+    runtime_options,
+    vae_scale,
+)
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.skyreels_v2.attention import ChunkContext, chunk_attention
 from jbkv_cli.models.skyreels_v2.components import (
@@ -109,7 +117,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         fps=24,
     ),
 }
-ATTENTION_BACKENDS = ("fused", "flex", "reference")
 OPTIONS = frozenset(
     {"config", "weights", "num_frames", "device", "dtype", "attention_backend", "init_seed"}
     | set(PRESETS["df-1.3b-540p"])
@@ -134,8 +141,7 @@ class SkyReelsV2:
     @property
     def vae_scale(self) -> tuple[int, int]:
         """(temporal, spatial) down-sampling of the VAE (4, 8 for Wan)."""
-        downsample = self.components.vae.config.temperal_downsample
-        return 2 ** sum(downsample), 2 ** len(downsample)
+        return vae_scale(self.components.vae)
 
     @property
     def num_frames(self) -> int:
@@ -146,21 +152,14 @@ class SkyReelsV2:
     def encode_prompt(self, text: str) -> torch.Tensor:
         """UMT5 embedding ``[1, max_len, text_dim]``, zero past the prompt's tokens."""
         c = self.components
-        text = " ".join(html.unescape(html.unescape(text)).split())
-        tokens = c.tokenizer(
-            [text],
-            padding="max_length",
-            max_length=c.max_sequence_length,
-            truncation=True,
-            add_special_tokens=True,
-            return_attention_mask=True,
-            return_tensors="pt",
+        return encode_umt5(
+            c.tokenizer,
+            c.text_encoder,
+            text,
+            c.max_sequence_length,
+            self.config.device,
+            c.transformer.dtype,
         )
-        device = next(c.text_encoder.parameters()).device
-        mask = tokens.attention_mask.to(device)
-        hidden = c.text_encoder(tokens.input_ids.to(device), mask).last_hidden_state
-        hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
-        return hidden.to(self.config.device, c.transformer.dtype)
 
     def predict(
         self,
@@ -202,13 +201,7 @@ class SkyReelsV2:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[1, C, F, h, w]`` -> uint8 frames ``[T, H, W, 3]`` on the CPU."""
-        vae = self.components.vae
-        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-        z = (latents * std.to(latents) + mean.to(latents)).to(vae.dtype)
-        video = vae.decode(z, return_dict=False)[0]  # [1, 3, T, H, W] in [-1, 1]
-        frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-        return frames.permute(1, 2, 3, 0).contiguous().cpu()
+        return decode_wan(self.components.vae, latents)
 
     def initial_noise(self, prompt: str, seed: int) -> torch.Tensor:
         """float32 noise ``[1, C, F, h, w]`` for the whole video, drawn on the CPU chunk by
@@ -286,24 +279,8 @@ class SkyReelsV2:
         latents, cache_info = self.generate_latents(
             prompt, seed, kv, progress=progress, observer=observer
         )
-        with torch.no_grad():
-            frames = self.decode(latents)
-        s = self.config
-        info = {
-            "dtype": s.dtype,
-            "device": s.device,
-            "steps": s.steps,
-            "chunk_frames": s.chunk_frames,
-            "num_chunks": s.num_chunks,
-            "window": s.window,
-            "kv": kv.label,
-            "clean_context": CLEAN_CONTEXT,
-            "weights": self.components.source,
-            **cache_info,
-        }
-        return Video(
-            frames=frames, fps=float(s.fps), kv_cache_bytes=cache_info["kv_cache_bytes"], info=info
-        )
+        info = {"steps": self.config.steps, "clean_context": CLEAN_CONTEXT, **cache_info}
+        return chunk_video(self.components, self.config, latents, kv.label, info)
 
 
 # --------------------------------------------------------------------------- loading
@@ -313,18 +290,9 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
     config = options["config"]
     values = PRESETS[config] | {k: v for k, v in options.items() if k in PRESETS[config]}
     if "num_frames" in options:
-        num_frames, k = int(options["num_frames"]), int(values["chunk_frames"])
-        latent = (num_frames - 1) // 4 + 1
-        if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
-            raise JbkvError(
-                f"num_frames={num_frames} is not 4·(chunks·{k} − 1) + 1 for whole chunks of {k} "
-                f"latent frames (e.g. {4 * (5 * k - 1) + 1} for 5 chunks)"
-            )
-        if "num_chunks" in options and int(options["num_chunks"]) != latent // k:
-            raise JbkvError(
-                f"num_frames={num_frames} and num_chunks={options['num_chunks']} disagree"
-            )
-        values["num_chunks"] = latent // k
+        values["num_chunks"] = chunks_for_frames(
+            int(options["num_frames"]), int(values["chunk_frames"]), options.get("num_chunks")
+        )
     for name in ("steps", "chunk_frames", "num_chunks"):
         values[name] = int(values[name])
         if values[name] < 1:
@@ -335,19 +303,9 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
             raise JbkvError(
                 f"window must be >= 1 chunk (or None: keep all), got {values['window']}"
             )
-    for name in ("height", "width"):
-        values[name] = int(values[name])
-        if values[name] < 16 or values[name] % 16:
-            raise JbkvError(f"{name} must be a positive multiple of 16, got {values[name]}")
+    check_frame_size(values)
     values["guidance"], values["shift"] = float(values["guidance"]), float(values["shift"])
-    device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = str(options.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32"))
-    dtype_from_name(dtype)
-    backend = options.get("attention_backend")
-    if backend is not None and backend not in ATTENTION_BACKENDS:
-        raise JbkvError(
-            f"unknown attention_backend {backend!r}; choose: {', '.join(ATTENTION_BACKENDS)}"
-        )
+    device, dtype, backend = runtime_options(options)
     return SkyReelsSettings(
         config=config,
         weights=options.get("weights"),
@@ -369,17 +327,7 @@ def load_model(**options: Any) -> SkyReelsV2:
     (cuda if available), ``dtype`` (bfloat16 on cuda, float32 on cpu), ``attention_backend``
     (jbkv's: fused, flex, reference), ``init_seed`` (tiny-random weights, 0).
     """
-    options = {k: v for k, v in options.items() if v is not None}
-    unknown = sorted(set(options) - OPTIONS)
-    if unknown:
-        raise JbkvError(
-            f"unknown skyreels-v2 option(s) {', '.join(unknown)}; known: {', '.join(sorted(OPTIONS))}"
-        )
-    options.setdefault("config", "df-1.3b-540p")
-    if options["config"] not in PRESETS:
-        raise JbkvError(
-            f"unknown skyreels-v2 config {options['config']!r}; choose: {', '.join(PRESETS)}"
-        )
+    options = checked_options("skyreels-v2", options, OPTIONS, PRESETS, "df-1.3b-540p")
     if options["config"] == "tiny-random" and "weights" in options:
         raise JbkvError("config=tiny-random builds random weights; do not pass weights")
     settings = _settings(options)

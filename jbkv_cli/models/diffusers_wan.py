@@ -1,0 +1,317 @@
+"""Parts shared by the adapters built on diffusers' Wan family (SkyReels-V2, Self-Forcing).
+
+Finding a diffusers-format directory (a local folder or a snapshot in the Hugging Face cache,
+never a download) and checking which of its parts are missing; the UMT5 prompt embedding and
+Wan-VAE decoding both reference pipelines use; casting a transformer while keeping diffusers'
+float32 islands; decoding a chunk loop's latents into a :class:`Video`; the option checks both
+adapters make; and tiny random stand-ins (Wan VAE, UMT5 encoder, a character-level tokenizer made
+in code) so whole generation paths run on a CPU in tests.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.models.base import Video
+from jbkv_cli.models.dtypes import dtype_from_name
+
+TINY_TEXT_DIM = 32
+TINY_MAX_SEQUENCE_LENGTH = 16
+
+# part -> (files that must all exist, groups of which at least one file must exist)
+Required = dict[str, tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]]
+WEIGHTS = ("*.safetensors", "*.bin")
+
+
+# --------------------------------------------------------------------------- finding weights
+
+
+def hf_cache_snapshot(repo_id: str) -> Path | None:
+    """The snapshot directory of ``repo_id`` in the local Hugging Face cache, if any."""
+    from huggingface_hub import constants
+
+    repo_dir = Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo_dir / "snapshots"
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file() and (snapshots / ref.read_text().strip()).is_dir():
+        return snapshots / ref.read_text().strip()
+    if snapshots.is_dir():
+        found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+    return None
+
+
+def missing_parts(root: Path, required: Required) -> list[str]:
+    """Every required file absent under ``root``, as ``part/file`` (``a|b``: any of them)."""
+    missing: list[str] = []
+    for part, (files, any_of) in required.items():
+        folder = root / part
+        for name in files:
+            if not (folder / name).is_file():
+                missing.append(f"{part}/{name}")
+        for group in any_of:
+            if not any(next(folder.glob(pattern), None) for pattern in group):
+                missing.append(f"{part}/{'|'.join(group)}")
+    return missing
+
+
+def transformer_config(root: Path, class_name: str, expected: str) -> dict[str, Any]:
+    """``root/transformer/config.json``; a malformed file or another ``_class_name`` is one
+    :class:`WeightsNotFoundError` (``expected`` says what should be there)."""
+    path = root / "transformer" / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsNotFoundError(f"malformed {path}: {first_line(exc)}") from exc
+    found = config.get("_class_name") if isinstance(config, dict) else None
+    if found != class_name:
+        raise WeightsNotFoundError(
+            f"{path} describes {found!r}, not a {class_name}; expected {expected}"
+        )
+    return config
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- running
+
+
+def cast_keeping_fp32(transformer: Any, dtype: torch.dtype) -> None:
+    """Cast parameters to ``dtype`` except those of ``_keep_in_fp32_modules`` (rope, time
+    embedder, modulation tables, norms), as ``from_pretrained(torch_dtype=...)`` does."""
+    keep = set(getattr(transformer, "_keep_in_fp32_modules", None) or ())
+    for name, module in transformer.named_modules():
+        target = torch.float32 if keep & set(name.split(".")) else dtype
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(target)
+
+
+def encode_umt5(
+    tokenizer: Any, text_encoder: Any, text: str, max_length: int, device: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """UMT5 embedding ``[1, max_length, text_dim]`` of ``text``, zero past its tokens.
+
+    The prompt is cleaned as the Wan pipelines do (HTML entities unescaped twice, whitespace
+    collapsed); the encoder runs where its parameters are, the result goes to ``device``.
+    """
+    text = " ".join(html.unescape(html.unescape(text)).split())
+    tokens = tokenizer(
+        [text],
+        padding="max_length",
+        max_length=max_length,
+        truncation=True,
+        add_special_tokens=True,
+        return_attention_mask=True,
+        return_tensors="pt",
+    )
+    where = next(text_encoder.parameters()).device
+    mask = tokens.attention_mask.to(where)
+    hidden = text_encoder(tokens.input_ids.to(where), mask).last_hidden_state
+    hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)
+    return hidden.to(device, dtype)
+
+
+def chunk_video(
+    components: Any, config: Any, latents: torch.Tensor, label: str, info: dict[str, Any]
+) -> Video:
+    """Decode ``latents`` with ``components.vae`` into a :class:`Video` whose info records the
+    run settings (``config``: dtype, device, chunk_frames, num_chunks, window, fps), the cache
+    variant ``label``, the weights and ``info`` (with ``kv_cache_bytes``)."""
+    with torch.no_grad():
+        frames = decode_wan(components.vae, latents)
+    record = {
+        "dtype": config.dtype,
+        "device": config.device,
+        "chunk_frames": config.chunk_frames,
+        "num_chunks": config.num_chunks,
+        "window": config.window,
+        "kv": label,
+        "weights": components.source,
+        **info,
+    }
+    return Video(
+        frames=frames, fps=float(config.fps), kv_cache_bytes=info["kv_cache_bytes"], info=record
+    )
+
+
+def vae_scale(vae: Any) -> tuple[int, int]:
+    """(temporal, spatial) down-sampling of a Wan VAE (4, 8 for Wan 2.1)."""
+    downsample = vae.config.temperal_downsample
+    return 2 ** sum(downsample), 2 ** len(downsample)
+
+
+def decode_wan(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents ``[1, C, F, h, w]`` -> uint8 frames ``[T, H, W, 3]`` on the CPU.
+
+    ``z = latents · std + mean`` (the VAE config's per-channel statistics), decoded to [−1, 1]
+    and mapped to ``round((x + 1) · 127.5)``.
+    """
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    z = (latents * std.to(latents) + mean.to(latents)).to(vae.dtype)
+    video = vae.decode(z, return_dict=False)[0]  # [1, 3, T, H, W] in [-1, 1]
+    frames = ((video[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return frames.permute(1, 2, 3, 0).contiguous().cpu()
+
+
+# --------------------------------------------------------------------------- tiny, in memory
+
+
+def tiny_tokenizer() -> Any:
+    """A character-level tokenizer (pad 0, eos 1, unk 2 as in T5/UMT5), built without files."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    symbols = string.ascii_letters + string.digits + string.punctuation
+    vocab = {token: i for i, token in enumerate(specials + list(symbols))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex("."), "isolated")]
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=TINY_MAX_SEQUENCE_LENGTH,
+    )
+
+
+# diffusers' tiny Wan test transformer, except attention_head_dim = 32 (12 upstream) so that
+# the default quantization group g = 32 divides the head dim.
+TINY_WAN_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    text_dim=TINY_TEXT_DIM,
+    freq_dim=256,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+
+
+def tiny_parts(transformer_cls: Any, seed: int, dtype: torch.dtype) -> tuple[Any, Any, Any, Any]:
+    """``(transformer, vae, text_encoder, tokenizer)``: ``transformer_cls(**TINY_WAN_TRANSFORMER)``
+    and the tiny VAE / UMT5 / tokenizer, random from ``seed`` (the global RNG is left untouched),
+    in eval mode; transformer (keeping diffusers' fp32 modules) and text encoder in ``dtype``."""
+    tokenizer = tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = transformer_cls(**TINY_WAN_TRANSFORMER)
+        vae, text_encoder = tiny_vae_and_text_encoder(len(tokenizer))
+    for module in (transformer, vae, text_encoder):
+        module.eval().requires_grad_(False)
+    if dtype != torch.float32:
+        cast_keeping_fp32(transformer, dtype)
+        text_encoder.to(dtype)
+    return transformer, vae, text_encoder, tokenizer
+
+
+def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:
+    """diffusers' tiny Wan VAE (base_dim 3, z_dim 16, 8x spatial, 4x temporal) and a 2-layer
+    UMT5 encoder of width :data:`TINY_TEXT_DIM`, randomly initialised from the global RNG."""
+    import diffusers
+    import transformers
+
+    vae = diffusers.AutoencoderKLWan(
+        base_dim=3,
+        z_dim=16,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    )
+    text_config = transformers.UMT5Config(
+        vocab_size=vocab_size,
+        d_model=TINY_TEXT_DIM,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+    )
+    return vae, transformers.UMT5EncoderModel(text_config)
+
+
+# --------------------------------------------------------------------------- options
+
+ATTENTION_BACKENDS = ("fused", "flex", "reference")
+
+
+def checked_options(
+    model: str, options: dict[str, Any], known: frozenset[str], configs: Any, default: str
+) -> dict[str, Any]:
+    """``options`` without None values and with ``config`` set (``default`` when absent);
+    unknown option names or configs are one-line errors naming the choices."""
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise JbkvError(
+            f"unknown {model} option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
+    options.setdefault("config", default)
+    if options["config"] not in configs:
+        raise JbkvError(
+            f"unknown {model} config {options['config']!r}; choose: {', '.join(configs)}"
+        )
+    return options
+
+
+def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None) -> int:
+    """Whole chunks of ``chunk_frames`` latent frames for a ``num_frames``-frame video.
+
+    The Wan VAE maps F latent frames to ``4·(F − 1) + 1`` frames, so ``num_frames`` must be
+    ``4·(chunks·k − 1) + 1``; a ``num_chunks`` given as well must agree.
+    """
+    k = chunk_frames
+    latent = (num_frames - 1) // 4 + 1
+    if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
+        raise JbkvError(
+            f"num_frames={num_frames} is not 4·(chunks·{k} − 1) + 1 for whole chunks of {k} "
+            f"latent frames (e.g. {4 * (5 * k - 1) + 1} for 5 chunks)"
+        )
+    if num_chunks is not None and int(num_chunks) != latent // k:
+        raise JbkvError(f"num_frames={num_frames} and num_chunks={num_chunks} disagree")
+    return latent // k
+
+
+def runtime_options(options: dict[str, Any]) -> tuple[str, str, str | None]:
+    """``(device, dtype, attention_backend)`` from ``options``: cuda when available, bfloat16 on
+    cuda and float32 on cpu, jbkv's default backend; unknown values are one-line errors."""
+    device = str(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = str(options.get("dtype") or ("bfloat16" if device.startswith("cuda") else "float32"))
+    dtype_from_name(dtype)
+    backend = options.get("attention_backend")
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        raise JbkvError(
+            f"unknown attention_backend {backend!r}; choose: {', '.join(ATTENTION_BACKENDS)}"
+        )
+    return device, dtype, backend
+
+
+def check_frame_size(values: dict[str, Any]) -> None:
+    """``height``/``width`` in ``values`` become ints, positive multiples of 16 (VAE 8 × patch 2)."""
+    for name in ("height", "width"):
+        values[name] = int(values[name])
+        if values[name] < 16 or values[name] % 16:
+            raise JbkvError(f"{name} must be a positive multiple of 16, got {values[name]}")

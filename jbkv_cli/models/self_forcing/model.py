@@ -1,0 +1,381 @@
+"""Self-Forcing family (Wan2.1-T2V-1.3B made causal and few-step) with jbkv's chunk KV cache.
+
+The loop, as upstream's ``CausalInferencePipeline.inference`` (guandeh17/Self-Forcing @33593df,
+``pipeline/causal_inference.py``), for ``num_chunks`` chunks of ``chunk_frames`` latent frames:
+
+    for chunk c (frames [c·k, (c+1)·k), RoPE frames shifted by c·k):
+        x ← noise
+        for step i with warped timestep t_i (σ_i) — 1000, 937.5, 833.3, 625 by default:
+            v  ← transformer(x, t_i | cache)          (reads the cache, commits nothing)
+            x₀ ← x − σ_i v
+            x  ← (1 − σ_{i+1}) x₀ + σ_{i+1} ε_i       (not after the last step)
+        chunk c ← x₀
+        clean-context pass: transformer(x₀, t = 0) commits every layer's post-RoPE K/V of
+            chunk c to its cache (quantized once, per the KVSpec)
+
+Upstream writes the noisy K/V of every step into the chunk's cache slots and overwrites them with
+the clean pass; only the clean K/V are ever read by later chunks, which is what jbkv stores. No
+classifier-free guidance (DMD-distilled). The cache keeps ``sink`` chunks (never evicted; jbkv's
+cache keeps attention sinks in full precision) plus the last ``window`` chunks:
+
+* Self-Forcing: no sink, a cache of 21 latent frames (``kv_cache_size`` 32760 tokens at
+  480×832 = 21 × 1560) = the current chunk + 6 finished chunks → ``window = 6``;
+* LongLive (``configs/longlive_inference.yaml``): ``local_attn_size = 12`` frames including the
+  current chunk and ``sink_size = 3`` frames → ``sink = 1``, ``window = 2`` (see
+  :func:`window_from_frames`). Positions stay absolute: a sink keeps the frames it was committed
+  with, the current chunk sits at its own frame index (upstream's ``causal_rope_apply`` with
+  ``start_frame = current_start // frame_seqlen``).
+
+Noise: one CPU generator seeded from (seed, prompt) draws, chunk after chunk, the chunk's initial
+noise then its re-noising ε; the same for every variant, and a longer video starts with the same
+draws as a shorter one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
+from jbkv_cli.models.diffusers_wan import (
+    check_frame_size,
+    checked_options,
+    chunk_video,
+    chunks_for_frames,
+    encode_umt5,
+    runtime_options,
+    vae_scale,
+)
+from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.models.self_forcing.components import (
+    Components,
+    load_components,
+    locate,
+    tiny_components,
+)
+from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
+from jbkv_cli.seeding import noise_generator
+
+CLEAN_CONTEXT = "extra forward of each finished chunk at t=0 (context_noise 0), K/V committed once"
+
+
+def window_from_frames(local_attn_size: int, sink_size: int, chunk_frames: int) -> tuple[int, int]:
+    """``(window, sink)`` in chunks from upstream's ``local_attn_size`` / ``sink_size`` in frames.
+
+    Upstream's buffer holds ``local_attn_size`` frames including the current chunk; the first
+    ``sink_size`` frames are never rolled out. So a chunk reads ``sink_size / k`` sink chunks and
+    ``(local_attn_size − sink_size) / k − 1`` recent finished chunks: LongLive's 12 and 3 with
+    k = 3 give ``window = 2``, ``sink = 1``.
+    """
+    k = chunk_frames
+    if local_attn_size % k or sink_size % k or local_attn_size - sink_size < k:
+        raise JbkvError(
+            f"local_attn_size={local_attn_size} and sink_size={sink_size} frames are not whole "
+            f"chunks of {k} frames with room for the current chunk"
+        )
+    return (local_attn_size - sink_size) // k - 1, sink_size // k
+
+
+@dataclass(frozen=True)
+class SelfForcingSettings:
+    """Generation settings (JSON-able; recorded in the run manifest).
+
+    ``steps``: N few-step timesteps ``round(1000·(1 − i/N))`` warped through the shifted table
+    (N = 4: Self-Forcing's ``[1000, 750, 500, 250]``); ``shift``: the table's timestep shift.
+    ``window``: finished chunks kept besides the sinks (None: all); ``sink``: first chunks kept
+    for good. ``ema``: read ``generator_ema`` from a training checkpoint. ``lora_alpha``: LoRA
+    scale numerator (None: the rank, i.e. scale 1).
+    """
+
+    config: str
+    weights: str | None
+    base: str | None
+    generator: str | None
+    lora: str | None
+    ema: bool
+    lora_alpha: float | None
+    steps: int
+    shift: float
+    chunk_frames: int
+    num_chunks: int
+    window: int | None
+    sink: int
+    height: int
+    width: int
+    fps: int
+    device: str
+    dtype: str
+    attention_backend: str | None
+
+    @property
+    def latent_frames(self) -> int:
+        return self.chunk_frames * self.num_chunks
+
+
+_SELF_FORCING = dict(
+    ema=True,  # upstream README: inference.py --use_ema
+    lora_alpha=None,
+    steps=4,
+    shift=5.0,
+    chunk_frames=3,
+    num_chunks=7,  # 21 latent frames = 81 frames
+    window=6,
+    sink=0,
+    height=480,
+    width=832,
+    fps=16,
+)
+_LONGLIVE_WINDOW, _LONGLIVE_SINK = window_from_frames(12, 3, 3)
+PRESETS: dict[str, dict[str, Any]] = {
+    "self-forcing-dmd": _SELF_FORCING,
+    "longlive": _SELF_FORCING
+    | dict(
+        ema=False,  # longlive_inference.yaml: use_ema false
+        lora_alpha=256.0,  # adapter: rank 256, alpha 256
+        num_chunks=40,  # num_output_frames 120 latent frames
+        window=_LONGLIVE_WINDOW,
+        sink=_LONGLIVE_SINK,
+    ),
+    "tiny-random": _SELF_FORCING | dict(num_chunks=3, height=32, width=32),
+}
+OPTIONS = frozenset(
+    {"config", "weights", "base", "generator", "lora", "num_frames", "device", "dtype"}
+    | {"attention_backend", "init_seed", "local_attn_size", "sink_size"}
+    | set(_SELF_FORCING)
+)
+
+
+class SelfForcing:
+    """A loaded Self-Forcing-family model; ``generate`` runs the chunk loop above."""
+
+    name = "self-forcing"
+
+    def __init__(self, components: Components, settings: SelfForcingSettings) -> None:
+        self.components = components
+        self.config = settings
+        self.schedule = FewStepSchedule.build(settings.steps, settings.shift)
+        self._texts: dict[str, torch.Tensor] = {}
+        self.settings: dict[str, Any] = asdict(settings) | {
+            "latent_frames": settings.latent_frames,
+            "num_frames": self.num_frames,
+            "timesteps": [round(t, 4) for t in self.schedule.timesteps],
+            "clean_context": CLEAN_CONTEXT,
+            "head_dim": components.transformer.config.attention_head_dim,
+        }
+
+    @property
+    def num_frames(self) -> int:
+        return (self.config.latent_frames - 1) * vae_scale(self.components.vae)[0] + 1
+
+    # ----------------------------------------------------------------------- pieces
+
+    def encode_prompt(self, text: str) -> torch.Tensor:
+        """UMT5 embedding ``[1, 512, 4096]`` (kept per prompt on the CPU). On a GPU the encoder
+        lives on the CPU and visits the GPU only to encode."""
+        if text not in self._texts:
+            c, device = self.components, self.config.device
+            encoder = c.text_encoder
+            home = next(encoder.parameters()).device
+            try:
+                encoder.to(device)
+                hidden = encode_umt5(
+                    c.tokenizer, encoder, text, c.max_sequence_length, "cpu", c.transformer.dtype
+                )
+            finally:
+                encoder.to(home)
+            self._texts[text] = hidden
+        return self._texts[text].to(self.config.device)
+
+    def flow(self, x: torch.Tensor, t: float, text: torch.Tensor) -> torch.Tensor:
+        """The generator's flow prediction ``v`` for chunk latents ``x`` ``[1, C, k, h, w]``."""
+        transformer = self.components.transformer
+        timestep = torch.full((x.shape[0],), float(t), dtype=torch.float32, device=x.device)
+        out = transformer(
+            hidden_states=x.to(transformer.dtype),
+            timestep=timestep,
+            encoder_hidden_states=text,
+            return_dict=False,
+        )[0]
+        return out.float()
+
+    def draw(self, generator: torch.Generator) -> torch.Tensor:
+        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+        s = self.config
+        spatial = vae_scale(self.components.vae)[1]
+        channels = self.components.transformer.config.in_channels
+        shape = (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(s.device)
+
+    def cache_spec(self, kv: KVSpec) -> KVSpec:
+        """``kv`` with this model's attention sinks (``sink`` chunks), unless it sets its own."""
+        sink = self.config.sink
+        if kv.sink_chunks not in (0, sink):
+            raise JbkvError(
+                f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {sink}"
+            )
+        return replace(kv, sink_chunks=sink) if sink else kv
+
+    # ----------------------------------------------------------------------- the loop
+
+    def generate_latents(
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts."""
+        s, schedule = self.config, self.schedule
+        transformer = self.components.transformer
+        text = self.encode_prompt(prompt)
+        spec = self.cache_spec(kv)
+        caches = [ChunkKVCache(spec, s.window, observer=observer) for _ in transformer.blocks]
+        context = ChunkContext(caches=caches, backend=s.attention_backend)
+        generator = noise_generator(seed, prompt)
+        chunks, peak, working = [], 0, 0
+        with torch.no_grad(), cached_self_attention(transformer, context):
+            for c in range(s.num_chunks):
+                context.frame_offset = c * s.chunk_frames
+                x = self.draw(generator)
+                for i, (t, sigma) in enumerate(
+                    zip(schedule.timesteps, schedule.sigmas, strict=True)
+                ):
+                    x0 = to_x0(x, self.flow(x, t, text), sigma)
+                    if i + 1 < len(schedule):
+                        x = renoise(x0, self.draw(generator), schedule.sigmas[i + 1])
+                chunks.append(x0)
+                working = max(working, sum(cache.working_nbytes for cache in caches))
+                if c + 1 < s.num_chunks:
+                    context.commit = True
+                    try:
+                        self.flow(x0, 0.0, text)
+                    finally:
+                        context.commit = False
+                    peak = max(peak, sum(cache.nbytes for cache in caches))
+                if progress is not None:
+                    progress(c + 1, s.num_chunks)
+        info = {
+            "kv_cache_bytes": peak,
+            "kv_working_bytes": working,
+            "sink_chunks": spec.sink_chunks,
+        }
+        return torch.cat(chunks, dim=2), info
+
+    def generate(
+        self,
+        prompt: str,
+        seed: int,
+        kv: KVSpec,
+        *,
+        progress: ProgressFn | None = None,
+        observer: AttentionObserver | None = None,
+    ) -> Video:
+        """Generate one video; the noise depends only on (prompt, seed, settings)."""
+        latents, cache_info = self.generate_latents(
+            prompt, seed, kv, progress=progress, observer=observer
+        )
+        info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
+        return chunk_video(self.components, self.config, latents, kv.label, info | cache_info)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
+    """Settings from checked ``options`` (``config`` set): the preset, overridden, validated."""
+    config = options["config"]
+    preset = PRESETS[config]
+    values = preset | {k: v for k, v in options.items() if k in preset}
+    for name in ("steps", "chunk_frames", "num_chunks", "sink", "fps"):
+        values[name] = int(values[name])
+        if values[name] < (0 if name == "sink" else 1):
+            raise JbkvError(f"{name} must be >= {0 if name == 'sink' else 1}, got {values[name]}")
+    if ("local_attn_size" in options) != ("sink_size" in options):
+        raise JbkvError("give local_attn_size and sink_size together (frames, as upstream)")
+    if "local_attn_size" in options:
+        if "window" in options or "sink" in options:
+            raise JbkvError("give either local_attn_size/sink_size (frames) or window/sink")
+        values["window"], values["sink"] = window_from_frames(
+            int(options["local_attn_size"]), int(options["sink_size"]), values["chunk_frames"]
+        )
+    if "num_frames" in options:
+        values["num_chunks"] = chunks_for_frames(
+            int(options["num_frames"]), values["chunk_frames"], options.get("num_chunks")
+        )
+    if values["window"] is not None:
+        values["window"] = int(values["window"])
+        if values["window"] < 0:
+            raise JbkvError(
+                f"window must be >= 0 chunks (or None: keep all), got {values['window']}"
+            )
+    check_frame_size(values)
+    values["shift"] = float(values["shift"])
+    values["ema"] = bool(values["ema"])
+    if values["lora_alpha"] is not None:
+        values["lora_alpha"] = float(values["lora_alpha"])
+    device, dtype, backend = runtime_options(options)
+    paths = {
+        k: (None if options.get(k) is None else str(options[k]))
+        for k in ("base", "generator", "lora")
+    }
+    return SelfForcingSettings(
+        config=config,
+        weights=None if options.get("weights") is None else str(options["weights"]),
+        device=device,
+        dtype=dtype,
+        attention_backend=backend,
+        **paths,
+        **{k: values[k] for k in preset},
+    )
+
+
+def load_model(**options: Any) -> SelfForcing:
+    """Build a Self-Forcing-family model from local weights, or ``config="tiny-random"``.
+
+    Options (None means "use the default"): ``config`` (``self-forcing-dmd`` | ``longlive`` |
+    ``tiny-random``); weights: ``weights`` (root directory; else ``$JBKV_SELF_FORCING_DIR``, else
+    the HF cache), ``base`` (diffusers-format Wan2.1-T2V-1.3B directory or cached repo id),
+    ``generator`` / ``lora`` (checkpoint files, ``.pt`` or ``.safetensors``), ``ema`` (read
+    ``generator_ema``), ``lora_alpha``; sampling: ``steps`` (4), ``shift`` (5.0),
+    ``chunk_frames`` (3), ``num_chunks`` (7) or ``num_frames`` (81), ``window`` (6) and ``sink``
+    (0) in chunks or ``local_attn_size`` + ``sink_size`` in frames (LongLive: 12, 3),
+    ``height``/``width`` (480/832), ``fps`` (16); ``device``, ``dtype`` (bfloat16 on cuda,
+    float32 on cpu), ``attention_backend`` (fused, flex, reference), ``init_seed``
+    (tiny-random weights, 0).
+    """
+    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
+    tiny = options["config"] == "tiny-random"
+    given = sorted({"weights", "base", "generator", "lora"} & set(options))
+    if tiny and given:
+        raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
+    settings = build_settings(options)
+    dtype = dtype_from_name(settings.dtype)
+    if tiny:
+        components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
+    else:
+        s = settings
+        paths = locate(s.config, s.weights, s.base, s.generator, s.lora)
+        settings = replace(
+            settings,
+            base=str(paths.base),
+            generator=str(paths.generator),
+            lora=None if paths.lora is None else str(paths.lora),
+        )
+        components = load_components(paths, dtype, settings.ema, settings.lora_alpha)
+    rope_frames = components.transformer.config.rope_max_seq_len
+    if settings.latent_frames > rope_frames:
+        raise JbkvError(
+            f"{settings.num_chunks} chunks of {settings.chunk_frames} latent frames exceed the "
+            f"model's rotary table ({rope_frames} latent frames)"
+        )
+    components.transformer.to(settings.device)
+    components.vae.to(settings.device)
+    return SelfForcing(components, settings)

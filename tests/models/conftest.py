@@ -1,0 +1,34 @@
+"""Shared by the diffusers-based adapters' tests: a cache made without jbkv's quant code."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+class PlainCache:
+    """The unquantized cache without jbkv: concatenate and call SDPA."""
+
+    def __init__(self, spec=None, window=None, observer=None):
+        self.k, self.v, self.window = [], [], window
+
+    def attend(self, q, k_cur, v_cur, scale, backend=None):
+        keys = torch.cat([*self.k, k_cur], dim=-2)
+        values = torch.cat([*self.v, v_cur], dim=-2)
+        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
+
+    def commit(self, k, v):
+        self.k, self.v = [*self.k, k], [*self.v, v]
+        if self.window is not None:
+            self.k, self.v = self.k[-self.window :], self.v[-self.window :]
+
+    @property
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    working_nbytes = 0
+
+
+@pytest.fixture
+def plain_cache():
+    """The :class:`PlainCache` class (a fixture, as test modules are imported by path)."""
+    return PlainCache
