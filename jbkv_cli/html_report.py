@@ -4,7 +4,7 @@ One self-contained page per run, rendered from the report's JSON (``report.to_js
 run directory alone, with no external URL (no CDN, no web font):
 
 - the variant table, sortable by any column (``report.js``, plain JavaScript);
-- the figures beside it in ``RUN/report/`` (frontier ``psnr_vs_bits.png``, ``delta_ps_hist.png``,
+- the figures beside it in ``RUN/report/`` (``frontier.png``, ``delta_ps_hist.png``,
   ``frames.png``, ``drift.png``) when they have been made, and the drift table (PSNR and SSIM
   per chunk, per variant, mean ± SE over videos; :mod:`jbkv_cli.drift`);
 - per (prompt, seed) one row of videos: reference / INT4 / INT2 / INT2 + correction / every
@@ -34,7 +34,7 @@ from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
 ASSETS = ("report.css", "report.js")
 FIGURES = (
-    ("psnr_vs_bits.png", "Frontier: PSNR against effective bits per cached element"),
+    ("frontier.png", "Storage–quality frontier: PSNR, SSIM, |ΔP_S| against effective bits"),
     ("drift.png", "Drift: PSNR and SSIM per chunk (mean ± SE over videos)"),
     ("delta_ps_hist.png", "Attention mass stolen by quantized cached keys (ΔP_S per query)"),
     ("frames.png", "Frames over time: reference / INT4 / INT2 / INT2 + correction"),

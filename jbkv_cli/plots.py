@@ -1,6 +1,7 @@
 """PNG figures from a run directory (matplotlib, Agg): the paper's Figs. 1, 4 and 5 in spirit.
 
-- ``psnr_vs_bits.png``: PSNR against effective bits per quantizer, with and without correction.
+- ``frontier.png``: PSNR, SSIM and |ΔP_S| against measured effective bits per method ± correction,
+  each series' Pareto front drawn, the overall front circled (:mod:`jbkv_cli.frontier`).
 - ``delta_ps_hist.png``: per-query ΔP_S, uncorrected vs corrected (INT2 when present).
 - ``frames.png``: reference / INT4 / INT2 / INT2+correction at a few time points.
 - ``drift.png``: PSNR and SSIM per chunk, per variant, mean ± SE over videos (drift over time).
@@ -18,6 +19,7 @@ import torch
 
 from jbkv_cli.atomic import atomic_path
 from jbkv_cli.drift import drift_series
+from jbkv_cli.frontier import METRICS, frontier_points, pareto_front
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
@@ -30,42 +32,55 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def psnr_vs_bits(rows: list[ResultRow], path: Path) -> Path | None:
-    main = [
-        r
-        for r in rows
-        if r.variant != REFERENCE
-        and r.keys
-        and r.values
-        and not r.bias_only
-        and r.psnr
-        and r.effective_bits
-    ]
-    if not main:
+def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
+    """PSNR, SSIM and |ΔP_S| against measured effective bits: one series per method ± correction
+    (markers; its own Pareto front as the line), the overall Pareto front circled in black."""
+    panels = [(m, frontier_points(rows, m)) for m in METRICS]
+    panels = [(m, pts) for m, pts in panels if pts]
+    if not panels:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    groups: dict[tuple[str, str], list] = {}
-    for r in main:
-        groups.setdefault((r.quantizer, r.correction), []).append(r)
-    for (q, c), rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r.effective_bits)
-        x = [r.effective_bits for r in rs]
-        y = [r.psnr.mean for r in rs]
-        e = [r.psnr.se or 0 for r in rs]
-        style = "-" if c == "none" else "--"
-        ax.errorbar(
-            x,
-            y,
-            yerr=e,
-            fmt=style + "o",
-            capsize=3,
-            label=f"{q}" + ("" if c == "none" else f" + {c}"),
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    series = sorted({p.series for _, pts in panels for p in pts})
+    for ax, (metric, pts) in zip(axes[0], panels, strict=True):
+        higher = METRICS[metric]
+        for i, name in enumerate(series):
+            mine = [p for p in pts if p.series == name]
+            if not mine:
+                continue
+            color, dashed = f"C{i % 10}", " + " in name
+            ax.scatter(
+                [p.effective_bits for p in mine],
+                [p.value for p in mine],
+                color=color,
+                marker="s" if dashed else "o",
+                s=22,
+                label=name,
+            )
+            own = pareto_front([(p.effective_bits, p.value) for p in mine], higher)
+            ax.plot(
+                [mine[j].effective_bits for j in own],
+                [mine[j].value for j in own],
+                "--" if dashed else "-",
+                color=color,
+                linewidth=1.2,
+            )
+        best = pareto_front([(p.effective_bits, p.value) for p in pts], higher)
+        ax.scatter(
+            [pts[j].effective_bits for j in best],
+            [pts[j].value for j in best],
+            s=110,
+            facecolors="none",
+            edgecolors="k",
+            linewidths=1.2,
+            label="Pareto front",
         )
-    ax.set_xlabel("effective bits per cached element (measured)")
-    ax.set_ylabel("PSNR vs reference (dB)")
-    ax.set_title("Fidelity vs KV-cache size")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        ax.set_xlabel("effective bits per cached element (measured)")
+        ax.set_ylabel(
+            {"psnr": "PSNR vs reference (dB) ↑", "ssim": "SSIM ↑", "delta_ps": "|ΔP_S| ↓"}[metric]
+        )
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Storage–quality frontier (solid: uncorrected, dashed: corrected)", fontsize=10)
     return _save(fig, path)
 
 
@@ -197,7 +212,7 @@ def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
 
 def make_plots(run: RunDir, rows: list[ResultRow], out_dir: Path) -> list[Path]:
     made = [
-        psnr_vs_bits(rows, out_dir / "psnr_vs_bits.png"),
+        frontier_plot(rows, out_dir / "frontier.png"),
         delta_ps_hist(run, rows, out_dir / "delta_ps_hist.png"),
         frame_strip(run, rows, out_dir / "frames.png"),
         drift_plot(run, rows, out_dir / "drift.png"),

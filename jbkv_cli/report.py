@@ -16,6 +16,7 @@ from typing import Any
 from rich.table import Table
 
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.frontier import frontiers
 from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.runs import REFERENCE, RunDir, video_name
 
@@ -281,7 +282,8 @@ def to_csv(rows: list[ResultRow]) -> str:
 def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     """The machine-readable result (also the regression gate's baseline format).
 
-    ``videos``: the (prompt, seed) pairs of the reference videos, sorted.
+    ``videos``: the (prompt, seed) pairs of the reference videos, sorted. ``pareto``: per
+    frontier metric, the variants on the storage–quality Pareto front (:mod:`jbkv_cli.frontier`).
     """
     videos = sorted({(r["prompt"], r["seed"]) for r in run.records(REFERENCE)})
     return {
@@ -292,4 +294,5 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
         "videos": [list(v) for v in videos],
         "rows": [r.to_dict() for r in rows],
         "correction_gains": paired_differences(run, rows),
+        "pareto": frontiers(rows),
     }

@@ -58,7 +58,7 @@ def _parse(path: Path) -> _Page:
 
 def test_quantize_eval_writes_the_page_and_its_assets(tiny_run):
     report = tiny_run / "report"
-    for name in ("index.html", "report.css", "report.js", "drift.png", "psnr_vs_bits.png"):
+    for name in ("index.html", "report.css", "report.js", "drift.png", "frontier.png"):
         assert (report / name).is_file(), name
     page = _parse(report / "index.html")
     rows = [a for t, a in page.tags if t == "tr" and "data-variant" in a]

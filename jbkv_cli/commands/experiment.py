@@ -84,6 +84,31 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
                 raise UsageError(f"{method.label} on {model.name}: {exc}") from None
 
 
+DEFAULT_GRID = {"bits": "2,4", "group_sizes": "32", "quantizers": "rtn,quarot"}
+FRONTIER = {"bits": "2,3,4", "group_sizes": "16,32,64,128", "quantizers": "all"}
+
+
+def _fitting_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """The sweep's variants this model's heads can hold; the rest are named in a warning."""
+    head_dim = model.settings.get("head_dim")
+    if head_dim is None:
+        return specs
+    kept, dropped = [], []
+    for spec in specs:
+        try:
+            for method in {spec.key, spec.value} - {None}:
+                method.check(head_dim)
+            kept.append(spec)
+        except ValueError:
+            dropped.append(spec.variant_id)
+    if dropped:
+        warn(
+            f"{len(dropped)} sweep variant(s) do not fit {model.name}'s head dim {head_dim} "
+            f"and are left out (e.g. {dropped[0]})"
+        )
+    return kept
+
+
 def _spec(*args: Any, **kwargs: Any) -> KVSpec:
     """:meth:`KVSpec.build`, with a bad combination as a usage error."""
     try:
@@ -186,17 +211,32 @@ def quantize_eval(
     models: Annotated[
         list[str] | None, typer.Option("--model", "-m", help="Model(s) to evaluate (repeatable).")
     ] = None,
-    bits: Annotated[str, typer.Option(help="Bit widths, e.g. 2,4.")] = "2,4",
+    bits: Annotated[
+        str | None, typer.Option(help="Bit widths [default: 2,4; --frontier: 2,3,4].")
+    ] = None,
     group_sizes: Annotated[
-        str, typer.Option("--group-sizes", help="Group sizes, e.g. 32,64.")
-    ] = "32",
+        str | None,
+        typer.Option("--group-sizes", help="Group sizes [default: 32; --frontier: 16,32,64,128]."),
+    ] = None,
     quantizers: Annotated[
-        str, typer.Option(help=f"Methods (comma list, or all): {', '.join(method_names())}.")
-    ] = "rtn,quarot",
+        str | None,
+        typer.Option(
+            help=f"Methods, a comma list or all ({', '.join(method_names())}) "
+            "[default: rtn,quarot; --frontier: all]."
+        ),
+    ] = None,
     method_option: MethodOptionOpt = None,
     corrections: Annotated[
-        str, typer.Option(help="Corrections: none,taylor,exact.")
+        str, typer.Option(help=f"Corrections: {','.join(CLI_CORRECTIONS)}.")
     ] = "none,taylor",
+    frontier: Annotated[
+        bool,
+        typer.Option(
+            "--frontier",
+            help="The storage–quality sweep: bits 2,3,4 × group sizes 16,32,64,128 × all "
+            "methods (each where it is defined) × corrections; draws RUN/report/frontier.png.",
+        ),
+    ] = False,
     ablations: Annotated[
         str,
         typer.Option(help="Also run keys-only,values-only,bias-only (comma list; '' for none)."),
@@ -231,9 +271,11 @@ def quantize_eval(
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
-    bit_list = parse_list(bits, (2, 3, 4, 8), "bits", int)
-    groups = parse_group_sizes(group_sizes)
+    sweep = FRONTIER if frontier else DEFAULT_GRID
+    bit_list = parse_list(bits or sweep["bits"], (2, 3, 4, 8), "bits", int)
+    groups = parse_group_sizes(group_sizes or sweep["group_sizes"])
     names_all = method_names()
+    quantizers = quantizers or sweep["quantizers"]
     quant_list = (
         list(names_all)
         if quantizers.strip() == "all"
@@ -256,10 +298,11 @@ def quantize_eval(
     results = []
     for name, items in work.items():
         m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
-        _check_specs(m, specs)
+        model_specs = _fitting_specs(m, specs) if frontier else specs
+        _check_specs(m, model_specs)
         root = out_dir / name
         run = RunDir.create_or_resume(root, name, m.settings)
-        summary = generate_all(m, run, specs, items)
+        summary = generate_all(m, run, model_specs, items)
         _summary_line(summary, run)
         status = score_fidelity(run, lpips=lpips)
         if vbench:

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from jbkv_cli.attention.correction import CORRECTIONS
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.resources import PROMPTS_DIR
 
@@ -50,7 +51,7 @@ ModelOptionOpt = Annotated[
 
 
 MAX_SEEDS = 10_000
-CLI_CORRECTIONS = ("none", "taylor", "exact")  # bias-only is an --ablations choice
+CLI_CORRECTIONS = tuple(n for n, c in CORRECTIONS.items() if not c.ablation)  # not bias-only
 
 
 def parse_seeds(text: str | None) -> list[int] | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jbkv_cli.attention.correction import Correction, get_correction
+from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correction
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
 
@@ -158,8 +158,7 @@ class KVSpec:
         if self.is_reference:
             return (0,)
         m = self.method
-        corrections = ("none", "taylor", "exact")
-        corr = corrections.index(self.correction) if self.correction in corrections else 9
+        corr = list(CORRECTIONS).index(self.correction)
         ablation = (not self.keys) + 2 * (not self.values) + 4 * self.bias_only
         rank = (table_rank(m.name), m.group_size, -m.bits)
         return (1, *rank, ablation, corr, m.variant_id, self.mixed, self.sink_chunks)

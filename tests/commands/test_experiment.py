@@ -241,7 +241,7 @@ def test_quantize_eval_json_schema_and_table(evaluated):
     assert int2["effective_bits"] == pytest.approx(2.75, rel=1e-6)
     assert rows["int4-rtn-g32"]["psnr"]["mean"] > int2["psnr"]["mean"]
     assert "INT2 rtn g32 +taylor" in result.output and "PSNR" in result.output
-    assert (root / "runs/magi1/report/psnr_vs_bits.png").is_file()
+    assert (root / "runs/magi1/report/frontier.png").is_file()
     assert (root / "runs/magi1/report/frames.png").is_file()
 
 
