@@ -25,7 +25,7 @@ from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.quant.registry import METHODS
-from jbkv_cli.runs import REFERENCE, RunDir, check_prompt, video_name
+from jbkv_cli.runs import RunDir, check_prompt, video_name
 
 HISTOGRAM_SAMPLES = 2000
 ABLATIONS: dict[str, dict[str, bool]] = {
@@ -171,12 +171,13 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
     Returns the LPIPS status line (its description, or why it is unavailable).
     """
     scorer, status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
-    refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(REFERENCE)}
+    reference = run.reference
+    refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(reference)}
     settings = run.manifest.get("settings", {})
     todo = []
     chunk_frames: dict[tuple[str, str], int | None] = {}
     for vid in run.variants():
-        if vid == REFERENCE:
+        if vid == reference:
             continue
         done = run.read_metrics("fidelity", vid)
         for rec in run.records(vid):
@@ -193,7 +194,7 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
                 if v != vid:
                     continue
                 if name not in ref_cache:
-                    ref_cache[name] = run.load_frames(REFERENCE, name)
+                    ref_cache[name] = run.load_frames(reference, name)
                 s = compare_videos(
                     ref_cache[name],
                     run.load_frames(vid, name),

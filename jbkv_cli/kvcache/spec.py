@@ -20,7 +20,8 @@ from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correctio
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
 
-REFERENCE_ID = "bf16"
+REFERENCE_ID = "reference"
+LEGACY_REFERENCE_ID = "bf16"  # the reference folder of runs made before jbkv 0.2
 
 
 @dataclass(frozen=True)
