@@ -298,30 +298,10 @@ def test_correction_removes_the_jensen_bias_of_real_kivi_rounding(bits, q_scale,
 
 
 def test_kivi_runs_through_quantize_eval(tmp_path):
-    result = CliRunner().invoke(
-        app,
-        [
-            "quantize-eval",
-            "--quantizers",
-            "kivi",
-            "--bits",
-            "2,4",
-            "--corrections",
-            "none,taylor",
-            "--num-chunks",
-            "2",
-            "--steps",
-            "1",
-            "--prompt",
-            "a red circle moves right on a dark background",
-            "--no-lpips",
-            "--no-plots",
-            "--out",
-            str(tmp_path),
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
-    )
+    args = "quantize-eval --quantizers kivi --bits 2,4 --corrections none,taylor --num-chunks 2"
+    args += f" --steps 1 --no-lpips --no-plots --out {tmp_path} --json {tmp_path / 'r.json'}"
+    prompt = ["--prompt", "a red circle moves right on a dark background"]
+    result = CliRunner().invoke(app, args.split() + prompt)
     assert result.exit_code == 0, result.output
     rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
     assert list(rows) == [
