@@ -245,7 +245,7 @@ def test_bias_uses_a_step_per_channel_and_token_group():
     assert torch.allclose(exact_bias(q, step, tau).double(), by_hand, rtol=1e-5, atol=1e-9)
 
 
-def _real_rounding(bits, group_size=32, tokens=32 * 4096, seed=0):
+def _real_rounding(bits, group_size=32, tokens=32 * 2048, seed=0):
     """KIVI's real rounding of many keys: (error ε [N, D], its steps Δ [N, D], k [N, D])."""
     k = _keys(tokens, seed=seed)[0, 0]
     qt = KIVI(bits, group_size, residual=0).quantize(k, "key")
@@ -256,9 +256,11 @@ def _real_rounding(bits, group_size=32, tokens=32 * 4096, seed=0):
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_real_rounding_noise_is_uniform_except_each_groups_extremes(bits, group_size):
     """Per channel and token group, the min and max tokens sit on the covering grid (error of
-    FP16 rounding only); the other g − 2 tokens carry noise of variance Δ²/12 (within 2%). So the score
-    noise variance is (1 − 2/g) · (τ²/12) Σ_c Δ_c² q_c² to within 2%: the bias (τ²/24) Σ Δ² q²
-    overestimates KIVI's by about 2/g (6% at g = 32)."""
+    FP16 rounding only); the other g − 2 tokens carry noise of variance Δ²/12 (measured 1.001 to
+    1.011; asserted within 2%). So the score noise δ = τ q·ε is unbiased with variance
+    (1 − 2/g) · (τ²/12) Σ_c Δ_c² q_c² (measured +0.002 to +0.009 above it; asserted within
+    0.03), and the bias (τ²/24) Σ Δ² q² overestimates KIVI's by about 2/g (6% at g = 32).
+    65536 keys, seed 0; query seed 1."""
     err, step, k = _real_rounding(bits, group_size)
     kg = k.unflatten(0, (-1, group_size))
     extreme = ((kg == kg.amax(1, keepdim=True)) | (kg == kg.amin(1, keepdim=True))).flatten(0, 1)
@@ -272,26 +274,27 @@ def test_real_rounding_noise_is_uniform_except_each_groups_extremes(bits, group_
     predicted = (tau**2 / 12) * (step.square() @ q.square())
     assert abs(float(delta.mean())) < 0.02 * math.sqrt(float(predicted.mean()))  # unbiased
     measured = float(delta.square().mean() / predicted.mean())
-    assert measured == pytest.approx(1 - 2 / group_size, abs=0.02)
+    assert measured == pytest.approx(1 - 2 / group_size, abs=0.03)
 
 
 @pytest.mark.parametrize(("bits", "q_scale"), [(2, 1.0), (4, 3.0)])
 @pytest.mark.parametrize("form", ["taylor", "exact"])
 def test_correction_removes_the_jensen_bias_of_real_kivi_rounding(bits, q_scale, form):
-    """Monte Carlo over 131072 keys quantized by KIVI itself (seeds 0 and 1): the uncorrected
-    E[exp δ] is clearly above 1; after subtracting b per key, E[exp(δ − b)] is 1 up to the
-    extremes' share (|log E| ≤ (2/g + 0.02) · mean b, see the test above)."""
+    """Monte Carlo over 65536 keys quantized by KIVI itself (seed 0; query seed 1): the
+    uncorrected log E[exp δ] is the bias b̄ the steps predict, short of it by the extremes'
+    share 2/g and sampling (0.92–0.99 b̄ over seeds 0–2); after subtracting b per key,
+    |log E[exp(δ − b)]| ≤ 0.15 b̄ (measured 0.01–0.08 b̄ over seeds 0–2, 0.04–0.06 at seed 0)."""
     err, step, _ = _real_rounding(bits)
     q = torch.randn(64, generator=torch.Generator().manual_seed(1)) * q_scale
     tau = 0.125
     delta = tau * (err @ q.double())
     bias_fn = taylor_bias if form == "taylor" else exact_bias
     b = bias_fn(q.view(1, 1, 1, 64), step.float().view(1, 1, -1, 64), tau)[0, 0, 0].double()
-    raw = float(delta.exp().mean())
-    corrected = float((delta - b).exp().mean())
-    assert raw - 1 > 0.05
-    assert abs(math.log(corrected)) <= (2 / 32 + 0.02) * float(b.mean())
-    assert abs(math.log(corrected)) < 0.1 * math.log(raw)
+    b_mean = float(b.mean())
+    raw = math.log(float(delta.exp().mean()))
+    corrected = math.log(float((delta - b).exp().mean()))
+    assert b_mean > 0.05 and 0.8 * b_mean < raw < 1.05 * b_mean
+    assert abs(corrected) < 0.15 * b_mean
 
 
 # --- the CLI -----------------------------------------------------------------------------------
