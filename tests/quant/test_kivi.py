@@ -15,7 +15,7 @@ from jbkv_cli.attention.correction import exact_bias, taylor_bias
 from jbkv_cli.cli import app
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import METHODS, build_method
-from jbkv_cli.quant.groupwise import round_fp16
+from jbkv_cli.quant.groupwise import quantize_groups, round_fp16
 from jbkv_cli.quant.kivi import KIVI, TokenGroupQuantized
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.tensor import GroupQuantized
@@ -105,6 +105,8 @@ def test_round_fp16_is_the_nearest_cover():
     assert torch.equal(round_fp16(exact, up=True).float(), exact)
     with pytest.raises(ValueError, match="FP16"):
         KIVI(2, 32).quantize(torch.full((1, 32, 64), -7e4), "key")
+    with pytest.raises(ValueError, match="fp16: covering grid"):
+        quantize_groups(x.view(-1, 32), 2, 32, grid="nearest", scales="fp16")
 
 
 def test_constant_channel_is_stored_exactly():
