@@ -161,7 +161,7 @@ def test_full_disk_leaves_nothing_partial(tmp_path, monkeypatch):
         ),
         (["generate", *MAGI, "-o", "nonsense", "--prompt", "x"], "KEY=VALUE"),
         (["quantize-eval", *MAGI, "--bits", "2,7", "--prompt", "x"], "bad --bits"),
-        (["quantize-eval", *MAGI, "--quantizers", "rtn,kivi", "--prompt", "x"], "bad --quantizers"),
+        (["quantize-eval", *MAGI, "--quantizers", "rtn,gptq", "--prompt", "x"], "bad --quantizers"),
         (["report", "/nonexistent-run"], "not a jbkv run directory"),
         (["report", ".", "--format", "xml"], "--format"),
     ],
