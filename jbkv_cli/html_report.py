@@ -173,8 +173,8 @@ def _gains(gains: list[ResultRow]) -> str:
         frac = g.get("recovered_fraction")
         rec = f" ({frac:+.0%} of the gap to {g['gap_to']})" if frac is not None else ""
         items.append(
-            f"<li>{_e(g['correction'])} on INT{g['bits']} {_e(g['quantizer'])} "
-            f"g{g['group_size']}: PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
+            f"<li>{_e(g['correction'])} on {_e(g['label'])}: "
+            f"PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
         )
     return f"<ul>{''.join(items)}</ul>" if items else ""
 

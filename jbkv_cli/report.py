@@ -114,33 +114,44 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 seconds=Stat.of([r["seconds"] for r in records]),
                 videos=len(records),
                 vbench=vbench.get(vid),
+                storage=spec.storage_id,
             )
         )
     return rows
 
 
+def _family(row: ResultRow) -> str:
+    """The stored format without its bit width: ``int2-kivi-g32-r64`` -> ``kivi-g32-r64``."""
+    storage = row.storage or f"int{row.bits}-{row.quantizer}-g{row.group_size}"
+    return storage.split("-", 1)[1] if storage.startswith(f"int{row.bits}-") else storage
+
+
 def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any]]:
-    """Per method/bits/group: PSNR(corrected) − PSNR(uncorrected), paired per video, and the
-    share of the INT_low → INT_high gap it recovers."""
-    by_key = {(r.quantizer, r.bits, r.group_size, r.correction): r for r in rows if r.full}
+    """Per stored format: PSNR(corrected) − PSNR(uncorrected), paired per video, and the share
+    of the gap to the same format with more bits (INT_low → INT_high) it recovers. Variants that
+    differ only in a method option (KIVI's residual, a rotation seed) are kept apart."""
+    by_key = {(_family(r), r.bits, r.correction): r for r in rows if r.full and not r.is_reference}
     out = []
-    for (q, b, g, c), row in by_key.items():
-        base = by_key.get((q, b, g, "none"))
+    for (fam, b, c), row in by_key.items():
+        base = by_key.get((fam, b, "none"))
         if c == "none" or base is None:
             continue
         diff = _paired(run, base.variant, row.variant, "psnr")
-        higher = [
-            r for k, r in by_key.items() if k[0] == q and k[2] == g and k[1] > b and k[3] == "none"
-        ]
+        higher = sorted(
+            (r for k, r in by_key.items() if k[0] == fam and k[1] > b and k[2] == "none"),
+            key=lambda r: r.bits,
+        )
         gap = None
         if higher and base.psnr and higher[0].psnr:
             gap = higher[0].psnr.mean - base.psnr.mean
         recovered = diff.mean / gap if diff and gap else None
         out.append(
             {
-                "quantizer": q,
+                "quantizer": row.quantizer,
                 "bits": b,
-                "group_size": g,
+                "group_size": row.group_size,
+                "storage": row.storage,
+                "label": base.label,
                 "correction": c,
                 "psnr_gain": None if diff is None else diff.to_dict(),
                 "gap_to": higher[0].variant if higher else None,

@@ -359,7 +359,7 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
         rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
         out.print(
-            f"  {gain['correction']} on INT{gain['bits']} {gain['quantizer']} g{gain['group_size']}: "
+            f"  {gain['correction']} on {gain['label']}: "
             f"PSNR {g['mean']:+.2f}{se} dB paired{rec}",
             highlight=False,
         )

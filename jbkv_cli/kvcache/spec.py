@@ -132,6 +132,11 @@ class KVSpec:
         return parts
 
     @property
+    def storage_id(self) -> str | None:
+        """How the cache is stored, without the correction: e.g. ``int2-kivi-g32-r64``."""
+        return None if self.is_reference else "-".join(self._parts(id_form=True))
+
+    @property
     def label(self) -> str:
         """A short human label, e.g. ``INT2 rtn g32 +taylor``."""
         if self.is_reference:

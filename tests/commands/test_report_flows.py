@@ -221,3 +221,51 @@ def test_model_scoped_options(tmp_path):
     assert bad.exit_code == 2 and "unknown model 'sora'" in bad.output
     assert not (tmp_path / "bad").exists()
     assert re.search(r"magi1", result.output)
+
+
+def test_correction_gains_keep_method_options_apart(tmp_path):
+    """KIVI with two residual lengths: each corrected variant is paired with its own uncorrected
+    one, and labelled with its option."""
+    result = invoke(
+        "quantize-eval",
+        "--quantizers",
+        "kivi",
+        "--bits",
+        "2,4",
+        "--prompt",
+        PROMPT,
+        *TINY,
+        "--no-lpips",
+        "--no-plots",
+        "--out",
+        tmp_path,
+        "--json",
+        tmp_path / "r.json",
+    )
+    assert result.exit_code == 0, result.output
+    again = invoke(
+        "quantize-eval",
+        "--quantizers",
+        "kivi",
+        "-M",
+        "kivi.residual=0",
+        "--bits",
+        "2,4",
+        "--prompt",
+        PROMPT,
+        *TINY,
+        "--no-lpips",
+        "--no-plots",
+        "--out",
+        tmp_path,
+        "--json",
+        tmp_path / "r.json",
+    )
+    assert again.exit_code == 0, again.output
+    gains = json.loads((tmp_path / "r.json").read_text())["correction_gains"]
+    pairs = {(g["label"], g["gap_to"]) for g in gains if g["bits"] == 2}
+    assert pairs == {
+        ("INT2 kivi g32", "int4-kivi-g32"),
+        ("INT2 kivi g32 r0", "int4-kivi-g32-r0"),
+    }
+    assert "taylor on INT2 kivi g32 r0:" in again.output
