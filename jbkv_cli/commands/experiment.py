@@ -359,8 +359,7 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
         rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
         out.print(
-            f"  {gain['correction']} on {gain['label']}: "
-            f"PSNR {g['mean']:+.2f}{se} dB paired{rec}",
+            f"  {gain['correction']} on {gain['label']}: PSNR {g['mean']:+.2f}{se} dB paired{rec}",
             highlight=False,
         )
     report_dir = run.root / "report"
