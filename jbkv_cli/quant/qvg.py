@@ -102,8 +102,7 @@ def quantize_symmetric(r: torch.Tensor, bits: int, block: int) -> tuple[torch.Te
     groups = r.float().unflatten(-1, (r.shape[-1] // block, block))  # [..., G, B]
     scale = symmetric_scale(groups.abs().amax(-1), bits)
     d = scale.float().unsqueeze(-1)
-    inv = torch.where(d > 0, d, 1.0).reciprocal_()
-    codes = (groups * inv).round_().clamp_(-m, m).add_(m).to(torch.uint8)
+    codes = (groups / torch.where(d > 0, d, 1.0)).round_().clamp_(-m, m).add_(m).to(torch.uint8)
     return codes.flatten(-2), scale
 
 
