@@ -328,7 +328,8 @@ def test_matches_quant_videogen_package(bits):
     """On the same CUDA inputs: the residual quantizer gives upstream's FP8 scales and codes
     (up to exact half-way ties: upstream rounds them away from zero); the whole method stores
     exactly as many bytes as upstream's ``prq_quant`` (S=1, B=64, K=64) and reconstructs with
-    an error within 10% of upstream's (k-means inits differ: upstream's is unseeded)."""
+    an error within 10% of upstream's. The k-means inits differ (upstream's is unseeded), so the
+    keys have 16 clusters for 64 centroids: jbkv's error then varies 0.2% across 8 seeds."""
     prq_quant, prq_dequant, quant_pack = _upstream()
     m = symmetric_levels(bits)
     g = torch.Generator().manual_seed(0)
@@ -341,7 +342,7 @@ def test_matches_quant_videogen_package(bits):
     tie = (ratio.abs().frac() == 0.5).flatten(-2)
     assert ((ours == codes_up.long()) | tie).all()
 
-    x = mixture(seed=4, tokens=4096, dim=128, heads=2).bfloat16().cuda()
+    x = mixture(seed=4, tokens=4096, dim=128, heads=2, clusters=16).bfloat16().cuda()
     torch.manual_seed(0)
     cents, ids, packed, scales, _ = prq_quant(
         x, 1, 64, 64, bits, torch.float8_e4m3fn, max_iters=2,
