@@ -4,6 +4,7 @@ rounding, ids and the CLI; optionally the ``quant-videogen`` package itself on C
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -312,14 +313,15 @@ def test_quantize_eval_runs_qvg_with_the_correction(tmp_path):
 
 
 def _upstream():
-    """The ``quant_videogen`` modules, or a skip with the reason."""
-    try:
-        from quant_videogen.real.prq import prq_dequant, prq_quant
-        from quant_videogen.real.quant_pack import quant_pack
-    except ImportError as exc:
-        pytest.skip(f"quant-videogen is not installed (optional; needs torch==2.8, triton): {exc}")
+    """The ``quant_videogen`` functions, or a skip with the reason (checked before importing:
+    the package imports Triton)."""
+    if importlib.util.find_spec("quant_videogen") is None:
+        pytest.skip("quant-videogen is not installed (optional; it pins torch==2.8.0, triton)")
     if not torch.cuda.is_available():
         pytest.skip("quant-videogen's kernels are Triton/CUDA only and no CUDA device is present")
+    from quant_videogen.real.prq import prq_dequant, prq_quant
+    from quant_videogen.real.quant_pack import quant_pack
+
     return prq_quant, prq_dequant, quant_pack
 
 
