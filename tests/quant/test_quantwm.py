@@ -73,7 +73,9 @@ def test_query_subspace_is_orthonormal_leading_and_signed():
     torch.testing.assert_close(u.transpose(-1, -2) @ u, torch.eye(2).expand(B, H, 2, 2))
     m = stats.moment / stats.count
     energy = (u.transpose(-1, -2) @ m @ u).diagonal(dim1=-2, dim2=-1).sum(-1)
-    assert bool((energy / m.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.9).all())  # 32 / (32 + 64·0.15²) = 0.957
+    assert bool(
+        (energy / m.diagonal(dim1=-2, dim2=-1).sum(-1) > 0.9).all()
+    )  # 32 / (32 + 64·0.15²) = 0.957
     top = u.abs().argmax(-2, keepdim=True)
     assert bool((u.gather(-2, top) > 0).all())
 
