@@ -10,7 +10,7 @@ import json
 import pytest
 
 from jbkv_cli import distributed
-from jbkv_cli.errors import UsageError
+from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.metric_shards import merge_shards, save_scores
 from jbkv_cli.runs import RunDir
 
@@ -121,3 +121,84 @@ def test_one_process_writes_the_variant_file_directly(tmp_path, no_torchrun):
     save_scores(run, "fidelity", "int2", {"b": {"psnr": 2.0}})
     assert set(run.read_metrics("fidelity", "int2")) == {"a", "b"}
     assert not (tmp_path / "metrics/shards").exists()
+
+
+class FakeClock:
+    """Stands in for ``time`` inside :mod:`jbkv_cli.distributed`: a sleep advances the clock by
+    exactly its length, then lets ``peer`` act, so waits are deterministic and instant."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.peer = lambda: None
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.peer()
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(distributed, "time", fake)
+    return fake
+
+
+@pytest.fixture
+def store(monkeypatch, as_rank):
+    """Rank 0 of 2, with an in-process store standing in for the process group's."""
+    import torch.distributed as dist
+
+    hash_store = dist.HashStore()
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: hash_store)
+    monkeypatch.setattr(distributed._state, "waits", 0)
+    monkeypatch.setattr(distributed._state, "failed", False)
+    monkeypatch.setattr(distributed._state, "timeout", 0.6)
+    monkeypatch.setattr(distributed, "POLL_S", 0.02)
+    monkeypatch.setattr(distributed, "BEAT_EVERY_S", 0.0)
+    as_rank(0, 2)
+    return hash_store
+
+
+def test_a_peer_without_progress_times_out_naming_it(store, clock):
+    with pytest.raises(JbkvError, match=r"timed out while testing: rank\(s\) 1 made no progress"):
+        distributed.wait_for_peers("testing")
+    assert 0.6 < clock.now < 0.7
+
+
+def test_a_slow_peer_that_makes_progress_is_waited_for(store, clock):
+    """2.5 timeouts in all, but never one without a beat: a beat every 0.1 s, then done."""
+    polls = iter(range(10_000))
+
+    def peer() -> None:
+        n = next(polls)
+        if n < 75 and n % 5 == 0:
+            store.add("jbkv/beat", 1)
+        elif n == 75:
+            store.add("jbkv/wait/1", 1)
+
+    clock.peer = peer
+    distributed.wait_for_peers("testing")
+    assert clock.now > 1.5 and int(store.add("jbkv/beat", 0)) == 15
+
+
+def test_a_failed_peer_stops_the_wait_and_abort_leaves_the_note(store, as_rank):
+    as_rank(1, 2)
+    distributed.abort(JbkvError("disk full"))
+    assert store.get("jbkv/failed") == b"rank 1/2 failed"
+    as_rank(0, 2)
+    distributed._state.failed = False
+    with pytest.raises(JbkvError, match=r"stopped while testing: rank 1/2 failed"):
+        distributed.wait_for_peers("testing")
+
+
+def test_abort_writes_the_one_line_error_for_torchrun(tmp_path, monkeypatch, no_torchrun):
+    path = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+    distributed.abort(JbkvError("cannot write x: Is a directory"))
+    assert json.loads(path.read_text())["message"] == "cannot write x: Is a directory"
