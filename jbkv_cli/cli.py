@@ -148,14 +148,20 @@ def attention_demo(
         for bits in (b for b in (4, 2) if b in method.SUPPORTED_BITS):
             for correction in ("none", "taylor", "exact"):
                 row = synthetic_row(KVSpec.build(quantizer, bits, correction=correction), cfg)
-                ratio = row["noise_measured_var"] / row["noise_predicted_var"]
+                # a method keeping every cached token exact (KIVI's residual) records nothing
+                pred = row.get("noise_predicted_var")
+                ratio = row["noise_measured_var"] / pred if pred else None
                 table.add_row(
                     row["variant"],
                     f"{row['effective_bits']:.3f}",
-                    f"{row['delta_ps']:+.4f}",
-                    f"{row['jsd']:.2e}",
-                    f"{row['out_mse']:.2e}",
-                    f"{ratio:.3f}",
+                    *(
+                        "—" if v is None else format(v, f)
+                        for v, f in zip(
+                            (row["delta_ps"], row["jsd"], row["out_mse"], ratio),
+                            ("+.4f", ".2e", ".2e", ".3f"),
+                            strict=True,
+                        )
+                    ),
                 )
     out.print(table)
 

@@ -15,7 +15,7 @@ from typing import Any
 from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
 from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import REFERENCE, RunDir, video_name
+from jbkv_cli.runs import RunDir, video_name
 
 METRICS = ("psnr", "ssim")
 
@@ -31,7 +31,7 @@ def drift_series(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     variants = []
     for row in rows:
         vid = row.variant
-        if vid == REFERENCE:
+        if row.is_reference:
             continue
         scores = run.read_metrics("fidelity", vid)
         records = {video_name(r["prompt"], r["index"]): r for r in run.records(vid)}

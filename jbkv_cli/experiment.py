@@ -28,7 +28,7 @@ from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.quant.registry import METHODS
-from jbkv_cli.runs import REFERENCE, RunDir, check_prompt, variant_id, video_name
+from jbkv_cli.runs import RunDir, check_prompt, video_name
 
 HISTOGRAM_SAMPLES = 2000
 ABLATIONS: dict[str, dict[str, bool]] = {
@@ -118,21 +118,23 @@ def generate_all(
     its share (:func:`_split`) and the summary counts every rank's videos.
     """
     items = [(check_prompt(p), seeds) for p, seeds in items]
-    pairs = [(s, variant_id(s)) for s in specs]
-    jobs: list[Job] = [(s, v, p, seed) for p, seeds in items for seed in seeds for s, v in pairs]
 
-    def missing() -> tuple[dict[str, Any], list[int]]:
+    def jobs_of(vids: list[str]) -> list[Job]:
+        pairs = list(zip(specs, vids, strict=True))
+        return [(s, v, p, seed) for p, seeds in items for seed in seeds for s, v in pairs]
+
+    def missing() -> tuple[dict[str, Any], list[str], list[int]]:
         run.register([p for p, _ in items], sorted({s for _, seeds in items for s in seeds}))
-        for spec in specs:
-            run.ensure_variant(spec)
+        vids = [run.ensure_variant(spec) for spec in specs]
         todo = [
             i
-            for i, (_, vid, prompt, seed) in enumerate(jobs)
+            for i, (_, vid, prompt, seed) in enumerate(jobs_of(vids))
             if not run.is_done(vid, video_name(prompt, run.index_of(seed)))
         ]
-        return run.manifest, todo
+        return run.manifest, vids, todo
 
-    run.manifest, todo = distributed.from_rank0(missing, "listing the videos to make")
+    run.manifest, vids, todo = distributed.from_rank0(missing, "listing the videos to make")
+    jobs = jobs_of(vids)
     mine = _split(jobs, todo)
     summary = GenerationSummary(skipped=len(jobs) - len(todo) if distributed.is_main() else 0)
     with _progress(show_progress) as progress:
@@ -231,6 +233,7 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
     Returns the LPIPS status line (its description, or why it is unavailable).
     """
     scorer, status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
+    reference = run.reference
     todo = distributed.from_rank0(
         lambda: _missing_scores(run, scorer), "listing the pairs to score"
     )
@@ -245,7 +248,7 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
                 if v != vid:
                     continue
                 if name not in ref_cache:
-                    ref_cache[name] = run.load_frames(REFERENCE, name)
+                    ref_cache[name] = run.load_frames(reference, name)
                 s = compare_videos(
                     ref_cache[name],
                     run.load_frames(vid, name),
@@ -269,11 +272,12 @@ def _missing_scores(run: RunDir, scorer) -> list[tuple[str, str, int | None]]:
     """(variant, video, chunk frames) of every finished video without a current score, after
     merging the shards an interrupted torchrun job left."""
     merge_shards(run, "fidelity")
-    refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(REFERENCE)}
+    reference = run.reference
+    refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(reference)}
     settings = run.manifest.get("settings", {})
     todo = []
     for vid in run.variants():
-        if vid == REFERENCE:
+        if vid == reference:
             continue
         done = run.read_metrics("fidelity", vid)
         for rec in run.records(vid):

@@ -30,7 +30,7 @@ from jbkv_cli.atomic import atomic_path, write_text_atomic
 from jbkv_cli.drift import drift_series
 from jbkv_cli.report import lpips_note, table_cells
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import REFERENCE, RunDir, video_name
+from jbkv_cli.runs import RunDir, video_name
 
 ASSETS = ("report.css", "report.js")
 FIGURES = (
@@ -143,7 +143,7 @@ def _table(rows: list[ResultRow]) -> str:
             ]
             cls = f' class="{" ".join(classes)}"' if classes else ""
             tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{_e(text)}</td>')
-        ref = ' class="reference"' if r.variant == REFERENCE else ""
+        ref = ' class="reference"' if r.is_reference else ""
         lines.append(f'<tr{ref} data-variant="{_e(r.variant)}">{"".join(tds)}</tr>')
     return (
         '<table class="sortable" id="variants">\n'
@@ -173,8 +173,8 @@ def _gains(gains: list[ResultRow]) -> str:
         frac = g.get("recovered_fraction")
         rec = f" ({frac:+.0%} of the gap to {g['gap_to']})" if frac is not None else ""
         items.append(
-            f"<li>{_e(g['correction'])} on INT{g['bits']} {_e(g['quantizer'])} "
-            f"g{g['group_size']}: PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
+            f"<li>{_e(g['correction'])} on {_e(g['label'])}: "
+            f"PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
         )
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
@@ -228,7 +228,7 @@ def _drift_cell(point: dict[str, Any] | None, digits: int) -> str:
 
 def _videos(run: RunDir, rows: list[ResultRow], out_dir: Path, chunk_frames: int) -> str:
     order = video_order(rows)
-    refs = sorted(run.records(REFERENCE), key=lambda r: (r["prompt"], r["index"]))
+    refs = sorted(run.records(run.reference), key=lambda r: (r["prompt"], r["index"]))
     scores = {r.variant: run.read_metrics("fidelity", r.variant) for r in order}
     groups = []
     for ref in refs:
@@ -245,7 +245,7 @@ def _videos(run: RunDir, rows: list[ResultRow], out_dir: Path, chunk_frames: int
             s = scores[r.variant].get(name) or {}
             score = (
                 "reference"
-                if r.variant == REFERENCE
+                if r.is_reference
                 else f"PSNR {s['psnr']:.2f} dB · SSIM {s['ssim']:.4f}"
                 if "psnr" in s
                 else "not scored"

@@ -22,7 +22,7 @@ from jbkv_cli.drift import drift_series
 from jbkv_cli.frontier import METRICS, frontier_points, pareto_front
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import REFERENCE, RunDir, video_name
+from jbkv_cli.runs import RunDir, video_name
 
 
 def _save(fig, path: Path) -> Path:
@@ -87,7 +87,7 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
 def delta_ps_hist(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
     with_samples = []
     for r in rows:
-        if r.variant == REFERENCE or not (r.keys and r.values) or r.bias_only:
+        if r.is_reference or not r.full:
             continue
         samples = [x for rec in run.records(r.variant) for x in rec.get("delta_ps_samples", [])]
         if samples:
@@ -131,7 +131,7 @@ def frame_strip(run: RunDir, rows: list[ResultRow], path: Path, times: int = 5) 
         return None
 
     chosen = [r for r in (pick(16, False), pick(4, False), pick(2, False), pick(2, True)) if r]
-    refs = run.records(REFERENCE)
+    refs = run.records(run.reference)
     if len(chosen) < 2 or not refs:
         return None
     name = video_name(refs[0]["prompt"], refs[0]["index"])

@@ -11,14 +11,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.results import ResultRow, Stat
-from jbkv_cli.runs import REFERENCE, RunDir, video_name
+from jbkv_cli.runs import RunDir, video_name
+from jbkv_cli.tables import print_fitted
 
 
 def reference_bits(run: RunDir) -> int:
@@ -40,13 +44,20 @@ def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise JbkvError(f"cannot read {path}: {exc}") from exc
+    return vbench_variants(doc)
+
+
+def vbench_variants(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{variant: {"dimensions": {d: {"mean", "se", "n"}}, "quality": …, "total": …}}`` from a
+    ``vbench.json`` document."""
     out = {}
-    for vid, v in doc.get("variants", {}).items():
+    for vid, v in (doc.get("variants") or {}).items():
         dims = {
             d: {"mean": x["score"], "se": x.get("se"), "n": x.get("n_videos")}
-            for d, x in v.get("dimensions", {}).items()
+            for d, x in (v.get("dimensions") or {}).items()
+            if isinstance(x, dict) and x.get("score") is not None
         }
-        out[vid] = {"dimensions": dims, **v.get("totals", {})}
+        out[vid] = {"dimensions": dims, **(v.get("totals") or {})}
     return out
 
 
@@ -54,9 +65,10 @@ def build_rows(run: RunDir) -> list[ResultRow]:
     """One row per variant (reference first), from records and metrics on disk."""
     variants = run.variants()
     vbench = vbench_results(run)
-    if REFERENCE not in variants:
-        raise JbkvError(f"{run.root} has no reference ({REFERENCE}) videos yet")
-    ref_bytes = Stat.of([r["kv_cache_bytes"] for r in run.records(REFERENCE)])
+    reference = run.reference
+    if reference not in variants:
+        raise JbkvError(f"{run.root} has no reference videos yet")
+    ref_bytes = Stat.of([r["kv_cache_bytes"] for r in run.records(reference)])
     ref_bits = reference_bits(run)
     rows = []
     for vid, spec in variants.items():
@@ -67,7 +79,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
         diag = [r.get("diagnostics") or {} for r in records]
         kv = Stat.of([r["kv_cache_bytes"] for r in records])
         eff = ref_bits * kv.mean / ref_bytes.mean if kv and ref_bytes and ref_bytes.mean else None
-        ref = vid == REFERENCE
+        ref = vid == reference
         rows.append(
             ResultRow(
                 variant=vid,
@@ -102,33 +114,44 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 seconds=Stat.of([r["seconds"] for r in records]),
                 videos=len(records),
                 vbench=vbench.get(vid),
+                storage=spec.storage_id,
             )
         )
     return rows
 
 
+def _family(row: ResultRow) -> str:
+    """The stored format without its bit width: ``int2-kivi-g32-r64`` -> ``kivi-g32-r64``."""
+    storage = row.storage or f"int{row.bits}-{row.quantizer}-g{row.group_size}"
+    return storage.split("-", 1)[1] if storage.startswith(f"int{row.bits}-") else storage
+
+
 def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any]]:
-    """Per method/bits/group: PSNR(corrected) − PSNR(uncorrected), paired per video, and the
-    share of the INT_low → INT_high gap it recovers."""
-    by_key = {(r.quantizer, r.bits, r.group_size, r.correction): r for r in rows if r.full}
+    """Per stored format: PSNR(corrected) − PSNR(uncorrected), paired per video, and the share
+    of the gap to the same format with more bits (INT_low → INT_high) it recovers. Variants that
+    differ only in a method option (KIVI's residual, a rotation seed) are kept apart."""
+    by_key = {(_family(r), r.bits, r.correction): r for r in rows if r.full and not r.is_reference}
     out = []
-    for (q, b, g, c), row in by_key.items():
-        base = by_key.get((q, b, g, "none"))
+    for (fam, b, c), row in by_key.items():
+        base = by_key.get((fam, b, "none"))
         if c == "none" or base is None:
             continue
         diff = _paired(run, base.variant, row.variant, "psnr")
-        higher = [
-            r for k, r in by_key.items() if k[0] == q and k[2] == g and k[1] > b and k[3] == "none"
-        ]
+        higher = sorted(
+            (r for k, r in by_key.items() if k[0] == fam and k[1] > b and k[2] == "none"),
+            key=lambda r: r.bits,
+        )
         gap = None
         if higher and base.psnr and higher[0].psnr:
             gap = higher[0].psnr.mean - base.psnr.mean
         recovered = diff.mean / gap if diff and gap else None
         out.append(
             {
-                "quantizer": q,
+                "quantizer": row.quantizer,
                 "bits": b,
-                "group_size": g,
+                "group_size": row.group_size,
+                "storage": row.storage,
+                "label": base.label,
                 "correction": c,
                 "psnr_gain": None if diff is None else diff.to_dict(),
                 "gap_to": higher[0].variant if higher else None,
@@ -147,14 +170,17 @@ def _paired(run: RunDir, vid_a: str, vid_b: str, metric: str) -> Stat | None:
 # --- rendering ----------------------------------------------------------------------------------
 
 
-def _fmt(m: Stat | dict[str, Any] | None, digits: int, signed: bool = False) -> str:
+def _fmt(
+    m: Stat | dict[str, Any] | None, digits: int, signed: bool = False, sep: str | None = " ± "
+) -> str:
+    """``mean ± se`` (``sep=None``: the mean alone)."""
     if isinstance(m, dict):
         m = Stat.from_dict(m, "value") if m.get("mean") is not None else None
     if m is None:
         return "—"
     sign = "+" if signed else ""
     text = f"{m.mean:{sign}.{digits}f}"
-    return text + (f" ± {m.se:.{digits}f}" if m.se is not None else "")
+    return text + (f"{sep}{m.se:.{digits}f}" if m.se is not None and sep is not None else "")
 
 
 def _best(rows: list[ResultRow], key: str, lower: bool, absolute: bool = False) -> str | None:
@@ -167,66 +193,103 @@ def _best(rows: list[ResultRow], key: str, lower: bool, absolute: bool = False) 
     return (min if lower else max)(cands, key=fn)[1]
 
 
-def table_cells(rows: list[ResultRow]) -> tuple[list[str], list[list[str]], dict]:
+COLUMNS = (
+    "variant",
+    "scheme",
+    "bits",
+    "eff. bits",
+    "corrected",
+    "PSNR ↑ dB",
+    "SSIM ↑",
+    "LPIPS ↓",
+    "ΔP_S",
+    "KV MB",
+    "s/video",
+)
+TEXT_COLUMNS = ("variant", "scheme", "corrected")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which columns a table shows and how compact its cells are (see :data:`LAYOUTS`).
+
+    ``drop``: columns left out; ``sep``: between a mean and its SE; ``bare``: columns shown
+    without their SE.
+    """
+
+    drop: frozenset[str] = frozenset()
+    sep: str = " ± "
+    bare: frozenset[str] = frozenset()
+
+
+_REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
+_SECONDARY = _REDUNDANT | {"KV MB", "s/video"}  # eff. bits says the size
+LAYOUTS = (
+    Layout(),
+    Layout(_REDUNDANT),
+    Layout(_REDUNDANT, "±"),
+    Layout(_REDUNDANT | {"s/video"}, "±"),
+    Layout(_SECONDARY, "±"),
+    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓"})),
+    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S"})),
+)
+"""From the full table (160 columns) down to the most compact (usable at 80)."""
+
+
+def table_cells(
+    rows: list[ResultRow], layout: Layout = LAYOUTS[0]
+) -> tuple[list[str], list[list[str]], dict]:
     """Column names, cell strings and which cells are the best per column."""
-    cols = [
-        "variant",
-        "scheme",
-        "bits",
-        "eff. bits",
-        "corrected",
-        "PSNR ↑ dB",
-        "SSIM ↑",
-        "LPIPS ↓",
-        "ΔP_S",
-        "KV MB",
-        "s/video",
-    ]
     best = {
         "PSNR ↑ dB": _best(rows, "psnr", False),
         "SSIM ↑": _best(rows, "ssim", False),
         "LPIPS ↓": _best(rows, "lpips", True),
         "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
     }
-    dims = sorted({d for r in rows if r.vbench for d in r.vbench.get("dimensions", {})})
-    if dims:
-        cols += [f"VB {d}" for d in dims] + ["VB quality"]
+
+    def fmt(column: str, m: Stat | None, digits: int, signed: bool = False) -> str:
+        return _fmt(m, digits, signed, None if column in layout.bare else layout.sep)
+
+    drop = set(layout.drop)
+    if layout != LAYOUTS[0] and all(r.lpips is None for r in rows):
+        drop.add("LPIPS ↓")  # n/a everywhere: the note under the table says why
+    cols = [c for c in COLUMNS if c not in drop]
     cells = []
     for r in rows:
         ref = r.is_reference
-        lp = _fmt(r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
         eff = r.effective_bits
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
-        row = [
-            r.label,
-            "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
-            str(round(eff)) if ref and eff else str(r.bits),
-            "—" if eff is None else f"{eff:.3f}",
-            "—" if ref else (r.correction if r.corrected else "no"),
-            "ref" if ref else _fmt(r.psnr, 2),
-            "ref" if ref else _fmt(r.ssim, 4),
-            "ref" if ref else lp,
-            "—" if ref else _fmt(r.delta_ps, 4, signed=True),
-            "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
-            _fmt(r.seconds, 2),
-        ]
-        if dims:
-            vb = r.vbench or {}
-            row += [_fmt(vb.get("dimensions", {}).get(d), 4) for d in dims]
-            row.append("—" if vb.get("quality") is None else f"{vb['quality']:.4f}")
-        cells.append(row)
+        lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
+        full = {
+            "variant": r.label,
+            "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
+            "bits": str(round(eff)) if ref and eff else str(r.bits),
+            "eff. bits": "—" if eff is None else f"{eff:.3f}",
+            "corrected": "—" if ref else (r.correction if r.corrected else "no"),
+            "PSNR ↑ dB": "ref" if ref else fmt("PSNR ↑ dB", r.psnr, 2),
+            "SSIM ↑": "ref" if ref else fmt("SSIM ↑", r.ssim, 4),
+            "LPIPS ↓": "ref" if ref else lp,
+            "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
+            "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
+            "s/video": fmt("s/video", r.seconds, 2),
+        }
+        cells.append([full[c] for c in cols])
     return cols, cells, best
 
 
-def rich_table(rows: list[ResultRow], title: str) -> Table:
-    cols, cells, best = table_cells(rows)
-    table = Table(title=title, title_justify="left")
+def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -> Table:
+    cols, cells, best = table_cells(rows, layout)
+    compact = layout != LAYOUTS[0]
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+        pad_edge=not compact,
+        show_edge=not compact,
+        collapse_padding=compact,
+    )
     for c in cols:
-        table.add_column(
-            c,
-            justify="left" if c in ("variant", "scheme", "corrected") else "right",
-            no_wrap=c == "variant",
-        )
+        table.add_column(c, justify="left" if c in TEXT_COLUMNS else "right", no_wrap=True)
     for r, row_cells in zip(rows, cells, strict=True):
         styled = []
         for c, text in zip(cols, row_cells, strict=True):
@@ -235,11 +298,65 @@ def rich_table(rows: list[ResultRow], title: str) -> Table:
     return table
 
 
+def print_table(console: Console, rows: list[ResultRow], title: str) -> None:
+    """The main table at the console's width (:data:`LAYOUTS`), then the VBench table if any."""
+    print_fitted(console, lambda layout: rich_table(rows, title, layout), LAYOUTS)
+    entries = [(r.label, r.vbench) for r in rows if r.vbench]
+    if entries:
+        print_vbench_table(console, entries)
+
+
+def print_vbench_table(console: Console, entries: list[tuple[str, dict[str, Any]]]) -> None:
+    """The VBench table at the console's width (SE dropped when it does not fit)."""
+    print_fitted(console, lambda sep: vbench_table(entries, sep), (" ± ", "±", None))
+
+
+VB_TOTALS = ("quality", "semantic", "total")
+
+
+def vbench_cells(
+    entries: list[tuple[str, dict[str, Any]]], sep: str | None = " ± "
+) -> tuple[list[str], list[list[str]]]:
+    """VBench scores of ``(label, results)`` entries (:func:`vbench_variants`), variants in
+    rows: one column per dimension present (— where a variant lacks it), then the totals (a
+    partial total, over the dimensions present, is marked ``*``)."""
+    dims = sorted({d for _, vb in entries for d in vb.get("dimensions", {})})
+    cols = ["variant", *dims, *(t.capitalize() for t in VB_TOTALS)]
+    cells = []
+    for label, vb in entries:
+        row = [label, *(_fmt(vb["dimensions"].get(d), 4, sep=sep) for d in dims)]
+        for t in VB_TOTALS:
+            value = vb.get(t)
+            text = "—" if value is None else _fmt(Stat(value, vb.get(f"{t}_se"), 0), 4, sep=sep)
+            row.append(text + ("*" if value is not None and vb.get("partial") else ""))
+        cells.append(row)
+    return cols, cells
+
+
+def vbench_table(entries: list[tuple[str, dict[str, Any]]], sep: str | None = " ± ") -> Table:
+    cols, cells = vbench_cells(entries, sep)
+    partial = any(vb.get("partial") for _, vb in entries)
+    table = Table(
+        title="VBench",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="* partial: over the dimensions present (VBench weights)" if partial else None,
+        caption_justify="left",
+    )
+    for c in cols:
+        header = c if c == "variant" else c.replace("_", "\n")
+        table.add_column(header, justify="left" if c == "variant" else "right", no_wrap=True)
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
 def lpips_note(rows: list[ResultRow]) -> str | None:
     return next((r.lpips_status for r in rows if r.lpips_status), None)
 
 
 def to_markdown(rows: list[ResultRow]) -> str:
+    """The full table (and the VBench table when there are VBench results) in Markdown."""
     cols, cells, best = table_cells(rows)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r, row_cells in zip(rows, cells, strict=True):
@@ -248,6 +365,11 @@ def to_markdown(rows: list[ResultRow]) -> str:
             for c, t in zip(cols, row_cells, strict=True)
         ]
         lines.append("| " + " | ".join(marked) + " |")
+    entries = [(r.label, r.vbench) for r in rows if r.vbench]
+    if entries:
+        vcols, vcells = vbench_cells(entries)
+        lines += ["", "| " + " | ".join(vcols) + " |", "|" + "---|" * len(vcols)]
+        lines += ["| " + " | ".join(row) + " |" for row in vcells]
     return "\n".join(lines) + "\n"
 
 
@@ -285,7 +407,7 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     ``videos``: the (prompt, seed) pairs of the reference videos, sorted. ``pareto``: per
     frontier metric, the variants on the storage–quality Pareto front (:mod:`jbkv_cli.frontier`).
     """
-    videos = sorted({(r["prompt"], r["seed"]) for r in run.records(REFERENCE)})
+    videos = sorted({(r["prompt"], r["seed"]) for r in run.records(run.reference)})
     return {
         "run": str(run.root),
         "model": run.manifest.get("model"),

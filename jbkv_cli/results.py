@@ -80,6 +80,9 @@ class ResultRow:
     seconds: Stat | None = None
     videos: int = 0
     vbench: dict[str, Any] | None = None
+    storage: str | None = (
+        None  # how the cache is stored, without the correction (KVSpec.storage_id)
+    )
 
     @property
     def is_reference(self) -> bool:

@@ -29,12 +29,11 @@ import torch
 from jbkv_cli import __version__
 from jbkv_cli.atomic import check_writable_dir, remove_stale_temps, write_text_atomic
 from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
+from jbkv_cli.kvcache.spec import LEGACY_REFERENCE_ID, REFERENCE_ID, KVSpec
 from jbkv_cli.models.base import Video
 from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
 
 MANIFEST = "manifest.json"
-REFERENCE = REFERENCE_ID
 LOSSLESS_SUFFIX = ".mkv"
 
 
@@ -119,7 +118,7 @@ def parse_spec(data: Any, path: Path) -> KVSpec:
     try:
         if not isinstance(data, dict):
             raise TypeError("not an object")
-        return KVSpec.from_dict(data)
+        return KVSpec.from_dict({k: v for k, v in data.items() if k != "dtype"})
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise JbkvError(f"{path} is not a jbkv variant (damaged or edited?)") from exc
 
@@ -184,6 +183,7 @@ class RunDir:
         manifest = {
             "model": model,
             "settings": settings,
+            "reference_dtype": settings.get("dtype"),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "environment": environment(),
             "seeds": [],
@@ -216,18 +216,31 @@ class RunDir:
 
     # --- variants -----------------------------------------------------------------------------
 
+    @property
+    def reference(self) -> str:
+        """The reference variant's folder: ``reference``, or ``bf16`` in runs made before
+        jbkv 0.2 (which named it so whatever its dtype)."""
+        videos = self.root / "videos"
+        legacy = (videos / LEGACY_REFERENCE_ID).is_dir() and not (videos / REFERENCE_ID).is_dir()
+        return LEGACY_REFERENCE_ID if legacy else REFERENCE_ID
+
     def variant_dir(self, vid: str) -> Path:
         return self.root / "videos" / vid
 
     def ensure_variant(self, spec: KVSpec) -> str:
-        vid = variant_id(spec)
+        """The folder id of ``spec`` (created with its ``variant.json`` if new). The reference's
+        ``variant.json`` also records the dtype it ran in."""
+        vid = self.reference if spec.is_reference else variant_id(spec)
         path = self.variant_dir(vid) / "variant.json"
         if path.exists():
             stored = parse_spec(_read_json(path), path)
             if stored != spec:
                 raise JbkvError(f"{path} holds a different KV spec than {spec.label!r}")
         else:
-            _write_json(path, spec.to_dict())
+            data = spec.to_dict()
+            if spec.is_reference:
+                data["dtype"] = self.manifest["settings"].get("dtype")
+            _write_json(path, data)
         return vid
 
     def variants(self) -> dict[str, KVSpec]:

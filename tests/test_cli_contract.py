@@ -180,7 +180,7 @@ def test_ctrl_c_during_a_run_keeps_finished_videos(tmp_path):
     proc = interruptible(
         [JBKV, "generate", "--bits", "2", "--seeds", "0-40", *TINY, "--out", "o"], tmp_path
     )
-    records = tmp_path / "o" / "videos" / "bf16"
+    records = tmp_path / "o" / "videos" / "reference"
     deadline = time.time() + 90
     while time.time() < deadline and len(list(records.glob("*-*.json"))) < 2:
         time.sleep(0.05)

@@ -19,7 +19,7 @@ def _metric(mean: float, n: int = 4) -> dict:
 
 
 def _row(vid: str, psnr: float | None, dps: float | None = 0.01) -> dict:
-    ref = vid == "bf16"
+    ref = vid == "reference"
     return {
         "variant": vid,
         "psnr": None if ref else _metric(psnr),
@@ -34,7 +34,7 @@ RESULT = {
     "model": "tiny",
     "settings": {"num_chunks": 8, "steps": 4, "device": "cpu"},
     "videos": VIDEOS,
-    "rows": [_row("bf16", None), _row("int4-rtn-g32", 50.0), _row("int2-rtn-g32", 36.0, 0.05)],
+    "rows": [_row("reference", None), _row("int4-rtn-g32", 50.0), _row("int2-rtn-g32", 36.0, 0.05)],
 }
 TOL = parse_tolerances(None)
 
@@ -55,7 +55,7 @@ def test_identical_result_passes_and_says_what_it_compared():
     ("baseline", "needle"),
     [
         (_changed(rows=[]), "no quantized variant"),
-        (_changed(rows=[_row("bf16", None)]), "no quantized variant"),
+        (_changed(rows=[_row("reference", None)]), "no quantized variant"),
         (_changed(model="magi1"), "model 'tiny', baseline 'magi1'"),
         (_changed(settings={"num_chunks": 4, "steps": 4, "device": "cpu"}), "num_chunks 8"),
         (_changed(videos=VIDEOS[:3]), "videos not in the baseline"),
@@ -64,7 +64,7 @@ def test_identical_result_passes_and_says_what_it_compared():
         (_changed(rows=RESULT["rows"][:2]), "variants not in the baseline: int2-rtn-g32"),
         (
             _changed(
-                rows=[_row("bf16", None), _row("int4-rtn-g32", 51.0), _row("int2-rtn-g32", 37)]
+                rows=[_row("reference", None), _row("int4-rtn-g32", 51.0), _row("int2-rtn-g32", 37)]
             ),
             "int4-rtn-g32: psnr 50.0000 vs baseline 51.0000",
         ),
@@ -91,11 +91,11 @@ def test_incomplete_variant_fails():
 def test_a_variant_with_no_comparable_metric_fails():
     empty = _changed(
         rows=[
-            _row("bf16", None),
+            _row("reference", None),
             {**_row("int4-rtn-g32", 1.0), "psnr": None, "ssim": None, "delta_ps": None},
         ]
     )
-    current = _changed(rows=[_row("bf16", None), _row("int4-rtn-g32", 50.0)])
+    current = _changed(rows=[_row("reference", None), _row("int4-rtn-g32", 50.0)])
     gate = check_baseline(current, empty, TOL)
     assert any("no metric to compare" in p for p in gate.problems)
 
@@ -109,7 +109,11 @@ def test_lpips_missing_in_the_run_but_present_in_the_baseline_fails():
 
 def test_within_tolerance_passes():
     better_baseline = _changed(
-        rows=[_row("bf16", None), _row("int4-rtn-g32", 50.4), _row("int2-rtn-g32", 36.3, 0.045)]
+        rows=[
+            _row("reference", None),
+            _row("int4-rtn-g32", 50.4),
+            _row("int2-rtn-g32", 36.3, 0.045),
+        ]
     )
     assert check_baseline(RESULT, better_baseline, TOL).passed
 

@@ -30,7 +30,7 @@ from jbkv_cli.html_report import video_order
 from jbkv_cli.report import build_rows
 from jbkv_cli.runs import RunDir
 
-HEADLINE = ["bf16", "int4-rtn-g32", "int2-rtn-g32", "int2-rtn-g32-taylor"]
+HEADLINE = ["reference", "int4-rtn-g32", "int2-rtn-g32", "int2-rtn-g32-taylor"]
 
 
 class _Page(HTMLParser):
@@ -62,7 +62,7 @@ def test_quantize_eval_writes_the_page_and_its_assets(tiny_run):
         assert (report / name).is_file(), name
     page = _parse(report / "index.html")
     rows = [a for t, a in page.tags if t == "tr" and "data-variant" in a]
-    assert [r["data-variant"] for r in rows][:1] == ["bf16"] and len(rows) == 5
+    assert [r["data-variant"] for r in rows][:1] == ["reference"] and len(rows) == 5
     groups = page.all("section")
     assert len(groups) == 2 and all(g["class"] == "sync-group" for g in groups)
     assert groups[0]["data-fps"] == "8" and groups[0]["data-chunk-frames"] == "4"

@@ -131,7 +131,7 @@ def test_both_ranks_worked_and_no_video_was_made_twice(runs):
 
 def test_fidelity_on_two_ranks_matches_one_process(runs):
     root, _ = runs
-    ref, test = root / "one/tiny/videos/bf16", root / "one/tiny/videos/int2-rtn-g32"
+    ref, test = root / "one/tiny/videos/reference", root / "one/tiny/videos/int2-rtn-g32"
     r = _torchrun("fidelity", ref, test, "--no-lpips", "--json", "fid.json", cwd=root)
     assert r.returncode == 0, r.stderr
     expected = compare_dirs(ref, test, lpips=False).to_dict()

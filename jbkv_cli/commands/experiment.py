@@ -40,7 +40,7 @@ from jbkv_cli.quant.registry import method_names
 from jbkv_cli.report import (
     build_rows,
     lpips_note,
-    rich_table,
+    print_table,
     to_csv,
     to_json,
     to_markdown,
@@ -61,6 +61,10 @@ def _load(name: str, options: dict[str, Any]) -> VideoModel:
         raise UsageError(f"model {name!r} does not take these options ({exc})") from exc
     except ValueError as exc:
         raise JbkvError(f"model {name!r}: {exc}") from exc
+
+
+def _model_options(name: str, *flags: Any) -> dict[str, Any]:
+    return model_options(*flags, model=name, models=tuple(MODELS))
 
 
 def _prompt_items(
@@ -205,8 +209,9 @@ def generate(
         kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
         spec = _spec(quantizer, bits, group_size, correction if correct else "none", **kw)
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
+    opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     distributed.setup(device)
-    m = _load(model, model_options(weights, num_chunks, steps, window, device, model_option))
+    m = _load(model, opts)
     _check_specs(m, [spec])
     run = open_run(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
@@ -302,10 +307,12 @@ def quantize_eval(
     if json_path is not None:
         check_writable_file(json_path, "--json")
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
+    flags = (weights, num_chunks, steps, window, device, model_option)
+    model_opts = {name: _model_options(name, *flags) for name in names}
     distributed.setup(device)
     results = []
     for name, items in work.items():
-        m = _load(name, model_options(weights, num_chunks, steps, window, device, model_option))
+        m = _load(name, model_opts[name])
         model_specs = _fitting_specs(m, specs) if frontier else specs
         _check_specs(m, model_specs)
         root = out_dir / name
@@ -346,7 +353,7 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
     data = to_json(run, rows)
     settings = run.manifest.get("settings", {})
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
-    out.print(rich_table(rows, f"{run.manifest.get('model')} · {shown}"))
+    print_table(out, rows, f"{run.manifest.get('model')} · {shown}")
     note = lpips_note(rows) or (
         lpips_status if lpips_status and "unavailable" in lpips_status else None
     )
@@ -360,8 +367,7 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
         se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
         rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
         out.print(
-            f"  {gain['correction']} on INT{gain['bits']} {gain['quantizer']} g{gain['group_size']}: "
-            f"PSNR {g['mean']:+.2f}{se} dB paired{rec}",
+            f"  {gain['correction']} on {gain['label']}: PSNR {g['mean']:+.2f}{se} dB paired{rec}",
             highlight=False,
         )
     report_dir = run.root / "report"
@@ -399,6 +405,17 @@ def report(
         str | None,
         typer.Option(help="Allowed regression, e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01."),
     ] = None,
+    score: Annotated[
+        bool,
+        typer.Option(
+            "--score",
+            help="First score the videos not scored yet against the reference (PSNR, SSIM, "
+            "LPIPS; resumable), as quantize-eval does.",
+        ),
+    ] = False,
+    lpips: Annotated[
+        bool, typer.Option("--lpips/--no-lpips", help="With --score: compute LPIPS too.")
+    ] = True,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
     if fmt not in ("table", "md", "json", "csv", "html"):
@@ -408,9 +425,22 @@ def report(
     run = RunDir.open(run_dir)
     if plots:
         check_writable_dir(run.root / "report", "report folder")
+    if score:
+        check_writable_dir(run.root / "metrics", "metrics folder")
+        score_fidelity(run, lpips=lpips)
     rows = build_rows(run)
+    unscored = [
+        r.variant
+        for r in rows
+        if not r.is_reference and r.videos and (r.psnr is None or r.psnr.n < r.videos)
+    ]
+    if unscored and not score:
+        warn(
+            f"{len(unscored)} variant(s) not scored yet (PSNR/SSIM show —): "
+            f"run `jbkv report {run.root} --score`"
+        )
     if fmt == "table":
-        out.print(rich_table(rows, f"{run.manifest.get('model')} · {run.root}"))
+        print_table(out, rows, f"{run.manifest.get('model')} · {run.root}")
         note = lpips_note(rows)
         if note:
             warn(f"LPIPS n/a: {note}")

@@ -166,7 +166,11 @@ def model_options(
     window: int | None,
     device: str | None,
     extra: list[str] | None,
+    model: str | None = None,
+    models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """The options for ``model``: the flags, then ``-o KEY=VALUE`` (every model) and
+    ``-o MODEL.KEY=VALUE`` (that model only; ``models`` are the names a scope may take)."""
     opts: dict[str, Any] = {}
     for key, value in (
         ("weights", weights),
@@ -180,8 +184,17 @@ def model_options(
     for item in extra or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"bad --model-option {item!r}: use KEY=VALUE")
-        opts[key.strip().replace("-", "_")] = _coerce(value.strip())
+            raise UsageError(f"bad --model-option {shown(item)}: use KEY=VALUE or MODEL.KEY=VALUE")
+        scope, dot, name = key.strip().rpartition(".")
+        if dot:
+            if scope not in models:
+                raise UsageError(
+                    f"--model-option {shown(item)}: unknown model {scope!r} "
+                    f"(known: {', '.join(models)})"
+                )
+            if scope != model:
+                continue
+        opts[(name if dot else key).strip().replace("-", "_")] = _coerce(value.strip())
     return opts
 
 

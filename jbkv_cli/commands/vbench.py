@@ -21,12 +21,13 @@ from jbkv_cli.metrics.vbench_run import (
     check_weights,
     evaluate_path,
 )
-from jbkv_cli.metrics.vbench_scores import DIMENSIONS, QUALITY_DIMENSIONS
+from jbkv_cli.metrics.vbench_scores import DIMENSIONS
 from jbkv_cli.metrics.vbench_weights import (
     EXTRA_PACKAGES,
     require_weights,
     weights_status,
 )
+from jbkv_cli.report import print_vbench_table, vbench_variants
 
 vbench_app = typer.Typer(
     name="vbench",
@@ -119,39 +120,6 @@ def status_command(
     print_weights(True, detectron2)
 
 
-def _fmt(value: float | None, se: float | None = None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.4f}" + (f" ± {se:.4f}" if se is not None else "")
-
-
-def results_table(doc: dict[str, Any]) -> Table:
-    variants = doc["variants"]
-    table = Table(title=f"VBench ({doc['settings']['mode']})")
-    table.add_column("dimension")
-    for name in variants:
-        table.add_column(name, justify="right")
-    dims = [d for d in DIMENSIONS if any(d in v["dimensions"] for v in variants.values())]
-    for d in dims:
-        cells = []
-        for v in variants.values():
-            x = v["dimensions"].get(d)
-            cells.append(_fmt(x["score"], x["se"]) if x else "[red]error[/red]")
-        group = "Q" if d in QUALITY_DIMENSIONS else "S"
-        table.add_row(f"{d} ({group})", *cells)
-    table.add_section()
-    for key in ("quality", "semantic", "total"):
-        cells = []
-        for v in variants.values():
-            t = v["totals"]
-            text = _fmt(t[key], t[f"{key}_se"])
-            if t[key] is not None and t["partial"]:
-                text += f" [yellow](partial, {16 - len(t['missing'])}/16)[/yellow]"
-            cells.append(text)
-        table.add_row(key.capitalize(), *cells)
-    return table
-
-
 @vbench_app.command("run")
 def run_command(
     path: Annotated[Path, typer.Argument(help="Run directory (RUN/videos/<variant>/) or mp4s.")],
@@ -232,7 +200,7 @@ def run_command(
 
     with progress:
         doc, summary_path = evaluate_path(path, env, config, out_dir, on_event, force)
-    out.print(results_table(doc))
+    print_vbench_table(out, list(vbench_variants(doc).items()))
     failed = {n: v["errors"] for n, v in doc["variants"].items() if v["errors"]}
     out.print(f"wrote {summary_path}")
     if failed and distributed.is_main():  # rank 0 alone, so the line is printed once

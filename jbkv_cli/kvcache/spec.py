@@ -20,7 +20,8 @@ from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correctio
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
 
-REFERENCE_ID = "bf16"
+REFERENCE_ID = "reference"
+LEGACY_REFERENCE_ID = "bf16"  # the reference folder of runs made before jbkv 0.2
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,11 @@ class KVSpec:
         elif self.key is None:
             parts.append("vonly" if id_form else "V-only")
         return parts
+
+    @property
+    def storage_id(self) -> str | None:
+        """How the cache is stored, without the correction: e.g. ``int2-kivi-g32-r64``."""
+        return None if self.is_reference else "-".join(self._parts(id_form=True))
 
     @property
     def label(self) -> str:

@@ -26,6 +26,10 @@ any constant representable in BF16 round-trips bit for bit). A step above 448 (a
 Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1 (little-end first). INT3 packs 8 codes
 into 3 bytes (24 bits, exactly 3 bits per code), so it needs the channel count to be a multiple
 of 8. Storage per element is therefore ``B + (8 + 16)/g`` bits.
+
+FP16 scales (``scales="fp16"``, KIVI's format): the same covering grid with ``z`` rounded down
+and ``Δ`` up to FP16 (10 mantissa bits: a step at most 2⁻¹⁰ too large; subnormal floor 2⁻²⁴),
+``B + 32/g`` bits per element; a value or step beyond ±65504 raises ``ValueError``.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ STEP_DTYPE = torch.float8_e4m3fn
 ZERO_DTYPE = torch.bfloat16
 FP8_MAX = 448.0
 FP8_MIN_STEP = 2.0**-9
+FP16_MAX = 65504.0
 RTN_BITS = (2, 3, 4, 8)
 
 
 GRIDS = ("covering", "nearest")
+SCALES = ("fp8", "fp16")  # FP8 step + BF16 zero (RTN), or FP16 step + FP16 zero (KIVI)
 
 
 def check_group_size(dim: int, group_size: int) -> None:
@@ -85,25 +91,42 @@ def round_nearest_fp8(step: torch.Tensor) -> torch.Tensor:
     )
 
 
+def round_fp16(x: torch.Tensor, up: bool) -> torch.Tensor:
+    """The nearest FP16 value ``≥ x`` (``up``) or ``≤ x`` (down), elementwise, as FP16."""
+    x = x.float()
+    near = x.to(torch.float16)
+    miss = near.float() < x if up else near.float() > x
+    toward = torch.full_like(near, float("inf") if up else float("-inf"))
+    out = torch.where(miss, torch.nextafter(near, toward), near)
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(f"a group's minimum or step exceeds the FP16 range (±{FP16_MAX:g})")
+    return out
+
+
 def quantize_groups(
-    x: torch.Tensor, bits: int, group_size: int, grid: str = "covering"
+    x: torch.Tensor, bits: int, group_size: int, grid: str = "covering", scales: str = "fp8"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize ``x [..., D]`` per group of ``group_size`` channels of the last dim.
 
     Returns ``(codes, step, zero)``: codes uint8 ``[..., D]`` (unpacked, in ``[0, 2^B − 1]``),
-    step FP8 E4M3 ``[..., D/g]``, zero BF16 ``[..., D/g]``; ``grid`` is ``covering`` or
-    ``nearest`` (see the module docstring).
+    step and zero ``[..., D/g]`` (FP8 E4M3 and BF16, or both FP16 with ``scales="fp16"``);
+    ``grid`` is ``covering`` or ``nearest`` (FP8 scales only; see the module docstring).
     """
     if bits not in RTN_BITS:
         raise ValueError(f"bits must be one of {RTN_BITS}, got {bits}")
     if grid not in GRIDS:
         raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+    if scales not in SCALES or (scales == "fp16" and grid != "covering"):
+        raise ValueError(f"scales must be one of {SCALES} (fp16: covering grid), got {scales!r}")
     dim = x.shape[-1]
     check_group_size(dim, group_size)
     levels = (1 << bits) - 1
     groups = x.float().unflatten(-1, (dim // group_size, group_size))  # [..., G, g]
     lo, hi = torch.aminmax(groups, dim=-1)
-    if grid == "covering":
+    if scales == "fp16":
+        zero = round_fp16(lo, up=False)  # [..., G]
+        step = round_fp16((hi - zero.float()) / levels, up=True)
+    elif grid == "covering":
         zero = round_down_bf16(lo)  # [..., G]
         step = round_up_fp8((hi - zero.float()) / levels)
     else:

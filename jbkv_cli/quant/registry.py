@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from jbkv_cli.quant.kivi import KIVI
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.quarot import QuaRot
+from jbkv_cli.quant.qvg import QVG
 from jbkv_cli.quant.rtn import RTN, RTNNearest
 
 METHODS: dict[str, type[KVMethod]] = {}
@@ -43,5 +45,5 @@ def table_rank(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
-for _cls in (RTN, RTNNearest, QuaRot):
+for _cls in (RTN, RTNNearest, QuaRot, KIVI, QVG):
     register_method(_cls)

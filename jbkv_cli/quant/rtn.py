@@ -28,11 +28,12 @@ def store_groups(
     group_size: int,
     grid: str = "covering",
     rotation: RandomHadamard | None = None,
+    scales: str = "fp8",
 ) -> GroupQuantized:
     """Group-wise codes of ``x`` (of ``R x`` under a rotation), packed, with FP8 steps and BF16
-    zero points."""
+    zero points (FP16 both with ``scales="fp16"``)."""
     source = x if rotation is None else rotation.rotate(x.float())
-    codes, step, zero = quantize_groups(source, bits, group_size, grid)
+    codes, step, zero = quantize_groups(source, bits, group_size, grid, scales)
     packed = pack_codes(codes, bits)
     return GroupQuantized(packed, x.shape, x.dtype, bits, group_size, step, zero, rotation)
 

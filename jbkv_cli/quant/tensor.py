@@ -84,8 +84,8 @@ class RawTensor(QuantizedTensor):
 @dataclass
 class GroupQuantized(QuantizedTensor):
     """Group-wise per-token codes: packed uint8 ``data [..., L, D·B/8]``, FP8 ``step_fp8`` and
-    BF16 ``zero`` ``[..., L, D/g]``. With ``rotation`` the codes are those of ``R x`` and
-    :meth:`dequantize` rotates back."""
+    BF16 ``zero`` ``[..., L, D/g]`` (KIVI's values: both FP16). With ``rotation`` the codes are
+    those of ``R x`` and :meth:`dequantize` rotates back."""
 
     data: torch.Tensor
     shape: torch.Size

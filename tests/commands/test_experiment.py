@@ -49,7 +49,7 @@ def test_generate_writes_lossless_mp4_record_and_manifest(magi_run):
     assert "4 videos generated" in result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"] == "magi1" and manifest["seeds"] == [0, 1]
-    for vid in ("bf16", "int2-rtn-g32-taylor"):
+    for vid in ("reference", "int2-rtn-g32-taylor"):
         for i in (0, 1):
             base = out / "videos" / vid / f"a red ball-{i}"
             frames, _ = read_video(base.with_suffix(".mkv"))
@@ -161,7 +161,7 @@ def test_full_disk_leaves_nothing_partial(tmp_path, monkeypatch):
         ),
         (["generate", *MAGI, "-o", "nonsense", "--prompt", "x"], "KEY=VALUE"),
         (["quantize-eval", *MAGI, "--bits", "2,7", "--prompt", "x"], "bad --bits"),
-        (["quantize-eval", *MAGI, "--quantizers", "rtn,kivi", "--prompt", "x"], "bad --quantizers"),
+        (["quantize-eval", *MAGI, "--quantizers", "rtn,gptq", "--prompt", "x"], "bad --quantizers"),
         (["report", "/nonexistent-run"], "not a jbkv run directory"),
         (["report", ".", "--format", "xml"], "--format"),
     ],
@@ -212,7 +212,7 @@ def test_quantize_eval_json_schema_and_table(evaluated):
     data = json.loads(js.read_text())
     rows = {r["variant"]: r for r in data["rows"]}
     assert set(rows) == {
-        "bf16",
+        "reference",
         "int2-rtn-g32",
         "int2-rtn-g32-taylor",
         "int4-rtn-g32",
@@ -235,7 +235,7 @@ def test_quantize_eval_json_schema_and_table(evaluated):
     ):
         assert key in rows["int2-rtn-g32"]
     int2 = rows["int2-rtn-g32"]
-    assert int2["noise_z_mean"]["n"] == 2 and rows["bf16"]["noise_z_mean"] is None
+    assert int2["noise_z_mean"]["n"] == 2 and rows["reference"]["noise_z_mean"] is None
     assert set(int2["psnr"]) == {"mean", "se", "n"} and int2["psnr"]["n"] == 2
     assert int2["lpips"] is None
     assert int2["effective_bits"] == pytest.approx(2.75, rel=1e-6)
@@ -307,4 +307,4 @@ def test_skyreels_tiny_generate_with_and_without_correction(tmp_path):
         )
         assert result.exit_code == 0, result.output
     videos = sorted((tmp_path / "sky/videos").rglob("*.mkv"))
-    assert [p.parent.name for p in videos] == ["bf16", "int2-rtn-g32", "int2-rtn-g32-taylor"]
+    assert [p.parent.name for p in videos] == ["int2-rtn-g32", "int2-rtn-g32-taylor", "reference"]

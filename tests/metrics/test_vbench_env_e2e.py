@@ -186,7 +186,7 @@ def test_temporal_flickering_on_embedded_model_videos(vbench_env, tmp_path):
     )
     assert res.exit_code == 0, res.output
     doc = json.loads((run / "metrics" / "vbench.json").read_text())
-    assert set(doc["variants"]) == {"bf16", "int2-rtn-g32"}
+    assert set(doc["variants"]) == {"reference", "int2-rtn-g32"}
     for variant, v in doc["variants"].items():
         tf = v["dimensions"]["temporal_flickering"]
         clips_root = run / "metrics/vbench/long_custom_input" / variant / "videos/split_clip"
@@ -200,3 +200,44 @@ def test_temporal_flickering_on_embedded_model_videos(vbench_env, tmp_path):
     report = CliRunner().invoke(jbkv_app, ["report", str(run), "--format", "json"])
     rows = {r["variant"]: r for r in json.loads(report.stdout)["rows"]}
     assert rows["int2-rtn-g32"]["vbench"]["dimensions"]["temporal_flickering"]["n"] == 2
+    for fmt in ("table", "md", "csv"):  # the report with VBench columns (it used to crash)
+        res = CliRunner().invoke(jbkv_app, ["report", str(run), "--format", fmt])
+        assert res.exit_code == 0, (fmt, res.output)
+    table = CliRunner().invoke(jbkv_app, ["report", str(run)]).output
+    assert "VBench" in table and "flickering" in table
+
+
+def test_quantize_eval_vbench_end_to_end(vbench_env, tmp_path):
+    """The README's flow in one command: generate, score, VBench (dimensions without weights),
+    then the tables."""
+    from jbkv_cli.cli import app as jbkv_app
+
+    res = CliRunner().invoke(
+        jbkv_app,
+        [
+            "quantize-eval",
+            "--vbench",
+            "--prompt",
+            "a red circle moves right on a dark background",
+            "--bits",
+            "2",
+            "--quantizers",
+            "rtn",
+            "--corrections",
+            "none",
+            "--num-chunks",
+            "4",
+            "--steps",
+            "2",
+            "--no-lpips",
+            "--no-plots",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "VBench" in res.output and "flickering" in res.output
+    rows = json.loads((tmp_path / "tiny" / "report" / "results.json").read_text())["rows"]
+    assert rows[1]["vbench"]["dimensions"]["temporal_flickering"]["n"] == 1

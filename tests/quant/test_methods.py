@@ -63,7 +63,7 @@ def test_variant_ids_of_jbkv_0_1_run_folders_are_unchanged():
     bias = dict(flat, values=True, correction="none", bias_only=True, quantizer="quarot")
     assert KVSpec.from_dict(bias).variant_id == "int2-quarot-g32-biasonly"
     ref = dict(flat, quantizer="none", bits=16, correction="none", values=True)
-    assert KVSpec.from_dict(ref).variant_id == "bf16"
+    assert KVSpec.from_dict(ref).variant_id == "reference"  # its folder is found by RunDir
     for spec in (KVSpec.from_dict(flat), KVSpec.from_dict(bias), KVSpec()):
         assert KVSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
 
@@ -133,6 +133,10 @@ def test_a_method_registered_from_outside_runs_through_quantize_eval(tmp_path):
         rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
         toy = rows["int2-toy-truncate-g32"]
         assert toy["quantizer"] == "toy-truncate" and toy["psnr"]["mean"] > 10
-        assert list(rows) == ["bf16", "int2-rtn-g32", "int2-toy-truncate-g32"]  # registry order
+        assert list(rows) == [
+            "reference",
+            "int2-rtn-g32",
+            "int2-toy-truncate-g32",
+        ]  # registry order
     finally:
         METHODS.pop("toy-truncate", None)

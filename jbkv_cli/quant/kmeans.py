@@ -1,0 +1,101 @@
+"""Seeded batched k-means over tokens (Lloyd), pure PyTorch, in bounded memory.
+
+For each batch row ``n`` (one (batch, head) pair in QVG), tokens ``x_n [L, D]`` and ``k``
+centroids ``c_n [k, D]``:
+
+    init     c⁰ = k distinct tokens drawn by a seeded ``torch.Generator`` (random order per row)
+    assign   a_i = argmin_j ‖x_i − c_j‖² = argmin_j (‖c_j‖² − 2 x_i·c_j)   (first j on ties)
+    update   c_j = mean{x_i : a_i = j};  an empty cluster keeps its centroid
+
+``iters`` rounds of (assign, update), stopping early when no assignment changes. The result is
+the last assignment and the means of its clusters, so every non-empty cluster's residual
+``x_i − c_{a_i}`` sums to zero (up to float32 rounding). QuantVideoGen's ``batch_kmeans_Euclid``
+runs the same loop (assign, update, keep empty clusters, return the assignment with the
+updated means); it draws its initial tokens with ``torch.randint`` (with replacement, from the
+global RNG) and stops on a change rate below ``tol = 1e-4``.
+
+Memory: distances are computed for blocks of tokens, ``[N, L_b, k]`` with ``N·L_b·k ≤
+max_elements``; cluster sums are one-hot matrix products accumulated block by block (no
+scatter with atomics), so results are the same on every run on a given device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_MAX_ELEMENTS = 1 << 22
+
+
+def init_centroids(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` distinct tokens of each row of ``x [N, L, D]`` chosen at random: ``[N, k, D]``.
+
+    The random draw happens on the CPU (``generator`` is a CPU generator), so the choice does not
+    depend on the device ``x`` lives on.
+    """
+    n, length, _ = x.shape
+    if not 1 <= k <= length:
+        raise ValueError(f"k-means needs 1 <= k <= tokens, got k={k} for {length} tokens")
+    order = torch.rand(n, length, generator=generator).argsort(dim=-1)[:, :k]
+    index = order.to(x.device).unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return x.gather(1, index)
+
+
+def assign_and_sum(
+    x: torch.Tensor, centroids: torch.Tensor, max_elements: int = DEFAULT_MAX_ELEMENTS
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nearest centroid of every token, and per cluster the sum and count of its tokens.
+
+    ``x [N, L, D]``, ``centroids [N, k, D]`` (float32) -> ``ids [N, L]`` (int64),
+    ``sums [N, k, D]``, ``counts [N, k]`` (float32), one pass over token blocks.
+    """
+    n, length, dim = x.shape
+    k = centroids.shape[1]
+    c_sq = centroids.square().sum(-1).unsqueeze(1)  # [N, 1, k]
+    c_t = centroids.transpose(1, 2)  # [N, D, k]
+    block = max(1, min(length, max_elements // max(1, n * k)))
+    ids = torch.empty(n, length, dtype=torch.long, device=x.device)
+    sums = torch.zeros(n, k, dim, dtype=torch.float32, device=x.device)
+    counts = torch.zeros(n, k, dtype=torch.float32, device=x.device)
+    for start in range(0, length, block):
+        xb = x[:, start : start + block]  # [N, b, D]
+        dist = torch.baddbmm(c_sq, xb, c_t, alpha=-2.0)  # ‖c‖² − 2 x·c, [N, b, k]
+        best = dist.argmin(dim=-1)  # [N, b]
+        ids[:, start : start + block] = best
+        onehot = torch.nn.functional.one_hot(best, k).to(torch.float32)  # [N, b, k]
+        sums += onehot.transpose(1, 2) @ xb
+        counts += onehot.sum(1)
+    return ids, sums, counts
+
+
+def kmeans(
+    x: torch.Tensor,
+    k: int,
+    iters: int,
+    generator: torch.Generator,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd's k-means on each row of ``x [N, L, D]`` (see the module docstring).
+
+    Returns ``ids [N, L]`` (int64, the last assignment) and ``centroids [N, k, D]`` (float32,
+    the means of that assignment's clusters; empty clusters keep their previous centroid).
+    """
+    if iters < 1:
+        raise ValueError(f"k-means needs at least 1 iteration, got {iters}")
+    x = x.float()
+    centroids = init_centroids(x, k, generator)
+    previous = None
+    for _ in range(iters):
+        ids, sums, counts = assign_and_sum(x, centroids, max_elements)
+        if previous is not None and torch.equal(ids, previous):
+            break  # converged: the means below would equal the current centroids
+        filled = counts > 0
+        means = sums / counts.clamp_min(1.0).unsqueeze(-1)
+        centroids = torch.where(filled.unsqueeze(-1), means, centroids)
+        previous = ids
+    return ids, centroids
+
+
+def inertia(x: torch.Tensor, ids: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """``Σ_i ‖x_i − c_{a_i}‖²`` per row: ``[N]`` (the objective Lloyd's steps never increase)."""
+    index = ids.unsqueeze(-1).expand(-1, -1, x.shape[-1])
+    return (x.float() - centroids.gather(1, index)).square().sum((-1, -2))

@@ -1,0 +1,243 @@
+"""QVG: after QuantVideoGen (Xi et al., arXiv 2602.02958; ``quant-videogen`` 0.1.0).
+
+Per committed chunk ``x [..., L, D]`` (one codebook per chunk and (batch, head); keys and
+values clustered separately, as upstream's ``compress_kv_cache`` does):
+
+1. **Semantic-aware smoothing + progressive residual quantization (PRQ)**, ``S`` stages: with
+   ``r⁰ = x``, stage ``s`` runs seeded k-means (:mod:`jbkv_cli.quant.kmeans`) over the ``L``
+   tokens of ``r^{s−1}`` per (batch, head), stores the ``K_eff`` centroids in BF16 and each
+   token's cluster id as uint8, and subtracts the *stored* centroid:
+   ``r^s = r^{s−1} − bf16(c^s)[a^s]``.
+2. **Residual codes**: per token, blocks of ``B = group_size`` channels of ``r = r^S`` get a
+   symmetric scale and ``b``-bit codes with ``m = 2^{b−1} − 1`` (INT2: levels {−1, 0, 1}; INT4:
+   −7..7)::
+
+       Δ = max(fp8_nearest(absmax / m), fp8_up(absmax / (m + ½)))     (FP8 E4M3)
+       c = clamp(round(r / Δ), −m, m),   stored as c + m, bit-packed
+
+3. **Read back**: ``x̂ = Σ_s bf16(c^s)[a^s] + c · Δ``.
+
+Storage, all held tensors (:meth:`QVGTensor.stored`), bits per element::
+
+    b  +  8/B  +  8·S/D  +  16·S·K_eff/L
+    codes  FP8 Δ  uint8 ids  BF16 centroids
+
+Noise model (``step``): centroids and ids are stored exactly and the residual was taken
+against the stored centroids, so the only rounding noise is the residual's: uniform with step
+``Δ`` (the level spacing), ``step [..., L, D/B]``; a block with ``absmax = 0`` stores ``Δ = 0``
+and is exact.
+
+Choices where upstream or the paper leave room (the reasons we label it "after QuantVideoGen"):
+
+- **Scale rounding.** Upstream (``real/quant_pack.py``) casts ``absmax/m`` to FP8 E4M3, i.e.
+  rounds to nearest, then clamps the codes. For normal FP8 scales (≥ 2⁻⁶) that never clips
+  beyond ``Δ/2``: rounding to nearest loses at most 1/16 of the scale, so ``absmax/Δ ≤ m·16/15
+  < m + ½`` for ``m ∈ {1, 7}``. Among FP8 subnormals the relative loss can reach ½ and a scale
+  below 2⁻¹⁰ rounds to 0 (upstream then divides by zero). jbkv keeps the nearest scale and
+  raises it only where it would clip: to the smallest FP8 value with ``absmax ≤ (m + ½)·Δ``.
+  So ``|x − x̂| ≤ Δ/2`` always holds, and every normal-range scale equals upstream's.
+- **Codes round half to even** (``torch.round``); upstream rounds half away from zero.
+- **Seeded init.** Upstream draws initial centroids with ``torch.randint`` from the global RNG
+  (with replacement, unseeded); jbkv draws ``K_eff`` distinct tokens with a ``torch.Generator``
+  seeded by ``seed`` per chunk, so runs are deterministic.
+- **Iterations.** Default ``iters = 2``, as in upstream's Self-Forcing, HY-WorldPlay and
+  LingBot-v2 scripts (``kmeans_max_iters=2``); early stop when no assignment changes (upstream:
+  change rate below 1e-4).
+- **K cap.** Upstream quantizes spans of one or more chunks of thousands of tokens (Self-Forcing:
+  8 chunks of 4,680 tokens share K = 256, ≈146 tokens per centroid; LingBot-v2 quantizes every
+  chunk, ≈18 per centroid). jbkv's chunk is its span, and the embedded model commits 256-token
+  chunks, where K = 256 would give every token its own centroid (lossless, ≈18 bits/element).
+  So ``K_eff = min(K, max(1, L // tokens_per_centroid))`` with ``tokens_per_centroid = 64`` by
+  default: the BF16 codebook costs ≤ 16/64 = 0.25 bit/element, within upstream's range. ``0``
+  turns the cap off (``K_eff = min(K, L)``). The stored centroid count is what storage counts.
+- **Stages** ``S ≥ 0``; ``S = 0`` is plain symmetric absmax quantization (no smoothing), an
+  ablation upstream's dequantizer does not accept. K ≤ 256 (uint8 ids, as upstream).
+- Not reproduced: the Triton kernels (this is CPU-friendly torch), multi-chunk spans, the
+  ``-clip`` variants, the asymmetric option and BF16 scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from jbkv_cli.quant.groupwise import (
+    STEP_DTYPE,
+    check_group_size,
+    pack_codes,
+    round_up_fp8,
+    unpack_codes,
+)
+from jbkv_cli.quant.kmeans import DEFAULT_MAX_ELEMENTS, kmeans
+from jbkv_cli.quant.method import KVMethod, Role
+from jbkv_cli.quant.tensor import QuantizedTensor
+
+CENTROID_DTYPE = torch.bfloat16
+MAX_CENTROIDS = 256  # uint8 cluster ids
+
+
+def symmetric_levels(bits: int) -> int:
+    """``m = 2^{b−1} − 1``: codes run over ``−m..m`` (INT2: 1, INT4: 7)."""
+    return (1 << (bits - 1)) - 1
+
+
+def symmetric_scale(absmax: torch.Tensor, bits: int) -> torch.Tensor:
+    """The stored FP8 E4M3 scale of blocks with these ``absmax`` (module docstring, step 2)."""
+    m = symmetric_levels(bits)
+    round_up_fp8(absmax / m)  # raises the FP8 range error for a scale above 448
+    nearest = (absmax / m).to(STEP_DTYPE)
+    no_clip = round_up_fp8(absmax / (m + 0.5))  # the smallest scale that does not clip
+    return torch.maximum(nearest.float(), no_clip.float()).to(STEP_DTYPE)
+
+
+def quantize_symmetric(r: torch.Tensor, bits: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric absmax codes of ``r [..., D]`` per ``block`` channels.
+
+    Returns ``(codes, scale)``: codes uint8 ``[..., D]`` holding ``c + m`` in ``[0, 2m]``,
+    scale FP8 E4M3 ``[..., D/block]``.
+    """
+    m = symmetric_levels(bits)
+    groups = r.float().unflatten(-1, (r.shape[-1] // block, block))  # [..., G, B]
+    scale = symmetric_scale(groups.abs().amax(-1), bits)
+    d = scale.float().unsqueeze(-1)
+    codes = (groups / torch.where(d > 0, d, 1.0)).round_().clamp_(-m, m).add_(m).to(torch.uint8)
+    return codes.flatten(-2), scale
+
+
+@dataclass
+class QVGTensor(QuantizedTensor):
+    """What QVG stores for one chunk ``[..., L, D]``: packed residual codes ``[..., L, D·b/8]``,
+    FP8 scales ``[..., L, D/B]``, uint8 cluster ids ``[..., S, L]`` and BF16 centroids
+    ``[..., S, K_eff, D]``."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    ids: torch.Tensor
+    centroids: torch.Tensor
+    shape: torch.Size
+    dtype: torch.dtype
+    bits: int
+    group_size: int
+
+    def stored(self) -> dict[str, torch.Tensor]:
+        return {
+            "codes": self.codes,
+            "scale": self.scale,
+            "cluster_ids": self.ids,
+            "centroids": self.centroids,
+        }
+
+    @property
+    def step(self) -> torch.Tensor:
+        return self.scale.float()
+
+    @property
+    def stages(self) -> int:
+        return self.ids.shape[-2]
+
+    @property
+    def num_centroids(self) -> int:
+        """``K_eff``, the centroids stored per stage and (batch, head)."""
+        return self.centroids.shape[-2]
+
+    def smoothing(self) -> torch.Tensor:
+        """``Σ_s bf16(c^s)[a^s]`` ``[..., L, D]`` (float32): what the centroids contribute."""
+        dim = self.shape[-1]
+        if self.stages == 0:
+            return torch.zeros(self.shape, dtype=torch.float32, device=self.codes.device)
+        index = self.ids.long().unsqueeze(-1).expand(*self.ids.shape, dim)  # [..., S, L, D]
+        return self.centroids.float().gather(-2, index).sum(-3)
+
+    def residual(self) -> torch.Tensor:
+        """The dequantized residual ``c · Δ`` ``[..., L, D]`` (float32)."""
+        m = symmetric_levels(self.bits)
+        codes = unpack_codes(self.codes, self.bits, self.shape[-1]).float() - m
+        groups = codes.unflatten(-1, (self.scale.shape[-1], self.group_size))
+        return (groups * self.scale.float().unsqueeze(-1)).flatten(-2)
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.smoothing() + self.residual()).to(self.dtype)
+
+
+@dataclass(frozen=True)
+class QVG(KVMethod):
+    """``group_size`` is QVG's ``B`` (channels per FP8 scale); ``stages`` S, ``centroids`` K
+    (≤ 256), ``iters`` of k-means, ``seed`` of its init, ``tokens_per_centroid`` the K cap
+    (``K_eff = min(K, L // tokens_per_centroid)``, 0: no cap). See the module docstring."""
+
+    name: ClassVar[str] = "qvg"
+    summary: ClassVar[str] = (
+        "after QuantVideoGen: seeded k-means over tokens (S stages, K ≤ L/64 centroids, BF16), "
+        "symmetric residual codes, FP8 scales per B channels"
+    )
+    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+
+    group_size: int = 64
+    stages: int = 1
+    centroids: int = 256
+    iters: int = 2
+    seed: int = 0
+    tokens_per_centroid: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.stages < 0:
+            raise ValueError(f"stages must be >= 0, got {self.stages}")
+        if not 1 <= self.centroids <= MAX_CENTROIDS:
+            raise ValueError(
+                f"centroids must be in 1..{MAX_CENTROIDS} (uint8 cluster ids), got {self.centroids}"
+            )
+        if self.iters < 1:
+            raise ValueError(f"iters must be >= 1, got {self.iters}")
+        if self.tokens_per_centroid < 0:
+            raise ValueError(f"tokens_per_centroid must be >= 0, got {self.tokens_per_centroid}")
+
+    def check(self, head_dim: int) -> None:
+        check_group_size(head_dim, self.group_size)
+        per_byte = 8 // self.bits
+        if head_dim % per_byte:
+            raise ValueError(f"INT{self.bits} packing needs a head dim divisible by {per_byte}")
+
+    def effective_centroids(self, tokens: int) -> int:
+        """``K_eff`` for a chunk of ``tokens`` tokens."""
+        cap = tokens if self.tokens_per_centroid == 0 else tokens // self.tokens_per_centroid
+        return max(1, min(self.centroids, cap, tokens))
+
+    def _quantize(self, x: torch.Tensor, role: Role) -> QVGTensor:
+        lead, (length, dim) = x.shape[:-2], x.shape[-2:]
+        k = self.effective_centroids(length)
+        residual = x.float().reshape(-1, length, dim)  # [N, L, D], N = batch · heads
+        generator = torch.Generator().manual_seed(self.seed)
+        ids, cents = [], []
+        for _ in range(self.stages):
+            a, c = kmeans(residual, k, self.iters, generator, DEFAULT_MAX_ELEMENTS)
+            stored = c.to(CENTROID_DTYPE)
+            index = a.unsqueeze(-1).expand(-1, -1, dim)
+            residual = residual - stored.float().gather(1, index)
+            ids.append(a.to(torch.uint8))
+            cents.append(stored)
+        codes, scale = quantize_symmetric(residual, self.bits, self.group_size)
+        n = residual.shape[0]
+        id_t = torch.stack(ids, 1) if ids else residual.new_empty(n, 0, length, dtype=torch.uint8)
+        c_t = torch.stack(cents, 1) if cents else residual.new_empty(n, 0, k, dim).bfloat16()
+        return QVGTensor(
+            codes=pack_codes(codes, self.bits).reshape(*lead, length, -1),
+            scale=scale.reshape(*lead, length, -1),
+            ids=id_t.reshape(*lead, self.stages, length),
+            centroids=c_t.reshape(*lead, self.stages, k, dim),
+            shape=x.shape,
+            dtype=x.dtype,
+            bits=self.bits,
+            group_size=self.group_size,
+        )
+
+    def extra_id(self) -> list[str]:
+        parts = [f"s{self.stages}"] if self.stages != 1 else []
+        parts += [f"k{self.centroids}"] if self.centroids != 256 else []
+        parts += [f"it{self.iters}"] if self.iters != 2 else []
+        parts += [f"ks{self.seed}"] if self.seed else []
+        return parts + (
+            [f"tpc{self.tokens_per_centroid}"] if self.tokens_per_centroid != 64 else []
+        )

@@ -1,0 +1,69 @@
+"""The seeded batched k-means behind QVG (``jbkv_cli/quant/kmeans.py``)."""
+
+from itertools import pairwise
+
+import pytest
+import torch
+
+from jbkv_cli.quant.kmeans import inertia, init_centroids, kmeans
+
+
+def _blobs(n=3, per=40, clusters=5, dim=8, seed=0):
+    """Well separated clusters: ``[n, clusters·per, dim]`` and the true labels ``[n, L]``."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(n, clusters, dim, generator=g) * 20
+    labels = torch.stack([torch.randperm(clusters * per, generator=g) % clusters for _ in range(n)])
+    points = centers.gather(1, labels.unsqueeze(-1).expand(-1, -1, dim))
+    return points + 0.1 * torch.randn(n, clusters * per, dim, generator=g), labels
+
+
+def test_converged_clusters_are_pure_and_every_token_sits_at_its_nearest_centroid():
+    x, labels = _blobs()
+    ids, cents = kmeans(x, 20, iters=50, generator=torch.Generator().manual_seed(0))
+    for n in range(x.shape[0]):
+        for j in ids[n].unique():
+            assert labels[n][ids[n] == j].unique().numel() == 1  # no cluster spans two blobs
+    nearest = torch.cdist(x, cents).argmin(-1)
+    assert torch.equal(ids, nearest)  # a fixed point of Lloyd's iteration
+
+
+def test_centroids_are_the_means_of_the_returned_assignment():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 300, 16, generator=g)
+    ids, cents = kmeans(x, 12, iters=2, generator=torch.Generator().manual_seed(0))
+    for n in range(4):
+        for j in ids[n].unique():
+            assert torch.allclose(cents[n, j], x[n][ids[n] == j].mean(0), atol=1e-5)
+
+
+def test_blocked_distances_change_nothing():
+    x = torch.randn(2, 500, 32, generator=torch.Generator().manual_seed(2))
+    runs = [
+        kmeans(x, 17, 3, torch.Generator().manual_seed(4), max_elements=m) for m in (50, 1 << 22)
+    ]
+    assert torch.equal(runs[0][0], runs[1][0])
+    assert torch.allclose(runs[0][1], runs[1][1], atol=1e-6)
+
+
+def test_lloyd_steps_never_increase_the_objective():
+    x = torch.randn(3, 400, 16, generator=torch.Generator().manual_seed(3))
+    costs = [
+        inertia(x, *kmeans(x, 20, it, torch.Generator().manual_seed(0))) for it in (1, 2, 4, 8)
+    ]
+    for before, after in pairwise(costs):
+        assert (after <= before * (1 + 1e-6)).all()
+    assert (costs[-1] < costs[0]).all()
+
+
+def test_init_draws_distinct_tokens_from_the_generator():
+    x = torch.arange(50.0).view(1, 50, 1).expand(2, 50, 3).contiguous()
+    c = init_centroids(x, 50, torch.Generator().manual_seed(0))
+    assert sorted(c[0, :, 0].tolist()) == list(range(50))  # every token once: no duplicates
+    again = init_centroids(x, 7, torch.Generator().manual_seed(0))
+    assert torch.equal(again, init_centroids(x, 7, torch.Generator().manual_seed(0)))
+    torch.manual_seed(123)  # the global RNG plays no part
+    assert torch.equal(again, init_centroids(x, 7, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="1 <= k <= tokens"):
+        init_centroids(x, 51, torch.Generator())
+    with pytest.raises(ValueError, match="at least 1 iteration"):
+        kmeans(x, 2, 0, torch.Generator())
