@@ -29,17 +29,8 @@ PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
 JBKV = str(PYTHON_BIN / "jbkv")
 SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
-EVAL = [
-    "quantize-eval",
-    *SMALL,
-    "--bits",
-    "2",
-    "--quantizers",
-    "rtn",
-    "--corrections",
-    "none,taylor",
-]
-EVAL += ["--no-lpips", "--no-plots"]
+EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
+EVAL += ["--corrections", "none,taylor", "--no-lpips", "--no-plots"]
 VIDEOS = 2 * 4 * 3  # prompts x seeds x (reference, int2, int2 + taylor)
 RECORD_TIMING = {"seconds", "diagnostics_seconds", "rank", "world_size"}
 
