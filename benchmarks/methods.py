@@ -67,8 +67,10 @@ def main() -> None:
             "logit_mse": float((fresh @ err.transpose(-1, -2)).square().mean()),
         }
     base = results["rtn"]
-    table = Table(title=f"INT{args.bits} g{args.group}, keys [1, {args.heads}, {args.tokens}, "
-                  f"{args.dim}] BF16, {torch.get_num_threads()} threads")
+    table = Table(
+        title=f"INT{args.bits} g{args.group}, keys [1, {args.heads}, {args.tokens}, "
+        f"{args.dim}] BF16, {torch.get_num_threads()} threads"
+    )
     for col in ("method", "time / rtn", "eff. bits", "key MSE / rtn", "logit MSE / rtn"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for name, r in results.items():
