@@ -3,7 +3,7 @@ bits measured from the stored tensors, key MSE and the logit MSE of the history'
 
     python benchmarks/methods.py [--tokens 1560 --heads 8 --dim 128 --bits 2 --group 32]
 
-One process, best of ``--repeat`` per method (these machines are noisy: compare the ratios, not
+One process, best of ``--repeat`` rounds over all methods (one thread by default) (these machines are noisy: compare the ratios, not
 the seconds). Keys and queries are synthetic but video-like: tokens drawn around a few centres
 per head, queries whose energy sits in a few directions (what query-aware methods exploit).
 Writes benchmarks/results/methods.json and prints a table.
@@ -45,23 +45,27 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--bits", type=int, default=2)
     ap.add_argument("--group", type=int, default=32)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     k, q = _data(args.tokens, args.heads, args.dim)
     stats = QueryStats()
     stats.update(q, args.heads)
     fresh = _data(args.tokens, args.heads, args.dim)[1]  # later queries, same distribution
-    results = {}
-    for name in METHODS:
-        method = build_method(name, args.bits, args.group)
-        best = float("inf")
-        for _ in range(args.repeat):
+    methods = {name: build_method(name, args.bits, args.group) for name in METHODS}
+    best = dict.fromkeys(methods, float("inf"))
+    for _ in range(args.repeat):  # round-robin, so a noisy moment hits every method alike
+        for name, method in methods.items():
             start = time.perf_counter()
-            t = method.quantize(k, "key", stats)
-            best = min(best, time.perf_counter() - start)
+            method.quantize(k, "key", stats)
+            best[name] = min(best[name], time.perf_counter() - start)
+    results = {}
+    for name, method in methods.items():
+        t = method.quantize(k, "key", stats)
         err = k.float() - t.dequantize().float()
         results[name] = {
-            "seconds": best,
+            "seconds": best[name],
             "effective_bits": t.effective_bits,
             "key_mse": float(err.square().mean()),
             "logit_mse": float((fresh @ err.transpose(-1, -2)).square().mean()),
