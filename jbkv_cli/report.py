@@ -139,7 +139,8 @@ def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
     split = [s for s in split if isinstance(s, dict)]
     if not split:
         return None
-    kinds = dict.fromkeys(k for s in split for k in s)
+    kinds = dict.fromkeys(["static", "dynamic", *(k for s in split for k in s)])
+    kinds = [k for k in kinds if any(k in s for s in split)]
     return {k: round(sum(s.get(k, 0) for s in split) / len(split)) for k in kinds}
 
 
@@ -282,13 +283,15 @@ def table_cells(
     for r in rows:
         ref = r.is_reference
         eff = r.effective_bits
+        # the reference and pruned-only variants store what the model gives (e.g. FP32)
+        unquantized = r.quantizer == "none" and bool(eff) and bool(r.kv_ratio)
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
         scheme += "" if r.pruner == "none" else f" + {r.pruner}"
         lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
         full = {
             "variant": r.label,
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
-            "bits": str(round(eff)) if ref and eff else str(r.bits),
+            "bits": str(round(eff / r.kv_ratio)) if unquantized else str(r.bits),
             "eff. bits": "—" if eff is None else f"{eff:.3f}",
             "corrected": "—" if ref else (r.correction if r.corrected else "no"),
             "PSNR ↑ dB": "ref" if ref else fmt("PSNR ↑ dB", r.psnr, 2),

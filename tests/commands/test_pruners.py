@@ -65,6 +65,8 @@ def test_report_rebuilds_the_pruned_rows(pruned_run):
     assert json.loads(result.output)["rows"] == data["rows"]
     page = (run / "report" / "index.html").read_text()
     assert "INT2 rtn g32 Forcing-KV +taylor" in page
+    table = (run / "report" / "table.md").read_text()
+    assert "| FP32 Forcing-KV | none + forcing-kv | 32 |" in table  # stored as the model gave it
 
 
 def test_generate_with_a_pruner(tmp_path):
