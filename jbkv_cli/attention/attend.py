@@ -140,8 +140,9 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
     lc = cached.num_tokens
     coef = sign * scale * scale / 24.0
-    valid = cached.valid if cached.valid is not None else torch.ones(d2.shape[:-1], dtype=bool)
-    drop = torch.zeros(valid.shape, device=q.device).masked_fill_(~valid.to(q.device), -torch.inf)
+    drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
+    if cached.valid is not None:
+        drop.masked_fill_(~cached.valid.to(q.device), -torch.inf)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         kv = torch.clamp(kv_idx, max=lc - 1)

@@ -103,27 +103,32 @@ def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
             raise UsageError(f"{pruner.name} on {model.name}: {exc}") from None
 
 
-def _prunable_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
-    """The pruned variants whose methods store each token on its own (so that tokens can be
-    removed); the others are named in a warning and left out."""
+def _prune_problem(model: VideoModel, spec: KVSpec) -> str | None:
+    """Why ``spec``'s methods cannot be pruned (they must store each token on its own)."""
     from jbkv_cli.kvcache.pruned import check_prunable
 
     head_dim = model.settings.get("head_dim")
-    kept, dropped = [], []
-    for spec in specs:
-        try:
-            if spec.pruner is not None and head_dim is not None:
-                for method in {spec.key, spec.value} - {None}:
-                    check_prunable(method, head_dim)
-            kept.append(spec)
-        except ValueError as exc:
-            dropped.append((spec.variant_id, str(exc)))
+    if spec.pruner is None or head_dim is None:
+        return None
+    try:
+        for method in {spec.key, spec.value} - {None}:
+            check_prunable(method, head_dim)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _prunable_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """The variants but pruned ones whose methods cannot drop single tokens (those are named
+    in a warning and left out)."""
+    problems = {s: _prune_problem(model, s) for s in specs}
+    dropped = [(s.variant_id, why) for s, why in problems.items() if why]
     if dropped:
         warn(
             f"{len(dropped)} pruned variant(s) are left out: pruning needs a method that stores "
             f"each token on its own (e.g. {dropped[0][0]}: {dropped[0][1]})"
         )
-    return kept
+    return [s for s, why in problems.items() if not why]
 
 
 DEFAULT_GRID = {"bits": "2,4", "group_sizes": "32", "quantizers": "rtn,quarot"}
@@ -267,8 +272,9 @@ def generate(
         model, _model_options(model, weights, num_chunks, steps, window, device, model_option)
     )
     _check_specs(m, [spec])
-    if not _prunable_specs(m, [spec]):
-        raise UsageError(f"{spec.label}: {spec.pruner.name} cannot prune {spec.quantizer}")
+    problem = _prune_problem(m, spec)
+    if problem:
+        raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
     run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)

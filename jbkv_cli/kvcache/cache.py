@@ -220,7 +220,7 @@ class ChunkKVCache:
         """``nbytes`` per class of KV head of the pruner (e.g. ``static``, ``dynamic``): kept
         tokens, their positions and the pruner's state; ``unpruned`` for sink chunks."""
         kinds = self.pruning.kinds if self.pruning is not None else ()
-        out = dict.fromkeys(dict.fromkeys(kinds), 0)
+        out = dict.fromkeys(kinds, 0)
         for c in self.chunks:
             if c.pruned is None:
                 out["unpruned"] = out.get("unpruned", 0) + c.nbytes

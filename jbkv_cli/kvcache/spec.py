@@ -97,10 +97,6 @@ class KVSpec:
         return self.key is None and self.value is None and self.pruner is None
 
     @property
-    def pruned(self) -> bool:
-        return self.pruner is not None
-
-    @property
     def quantized(self) -> bool:
         """True when cached keys or values are stored below 16 bits."""
         return self.method is not None and self.correction_.quantizes

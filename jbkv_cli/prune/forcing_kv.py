@@ -164,7 +164,11 @@ class ForcingKVLayer:
 class ForcingKV(KVPruner):
     """Options: ``anchor_frames`` (``A``; None: the profile's), ``segments`` per frame (``S``),
     ``retention`` (``ρ``, share of segments a dynamic head keeps of each decided frame) and
-    ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model)."""
+    ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model).
+
+    A ``profile`` given by path is validated when the pruner is built and stored as its absolute
+    path with ``profile_sha256``, the digest of its bytes (in the variant id), so a run folder
+    records which profile it used and is read back without the file."""
 
     name: ClassVar[str] = "forcing-kv"
     title: ClassVar[str] = "Forcing-KV"
@@ -178,6 +182,7 @@ class ForcingKV(KVPruner):
     segments: int = DEFAULT_SEGMENTS
     retention: float = DEFAULT_RETENTION
     profile: str | None = None
+    profile_sha256: str | None = None
 
     def __post_init__(self) -> None:
         if self.anchor_frames is not None and (
@@ -188,9 +193,12 @@ class ForcingKV(KVPruner):
             raise ValueError(f"segments must be an integer >= 1, got {self.segments!r}")
         if not isinstance(self.retention, int | float) or not 0 <= self.retention <= 1:
             raise ValueError(f"retention must be in [0, 1], got {self.retention!r}")
-        if self.profile is not None:
-            object.__setattr__(self, "profile", str(self.profile))
-            load_profile(self.profile)  # validated before any work
+        if self.profile is not None and self.profile_sha256 is None:
+            path = Path(self.profile).resolve()
+            load_profile(path)  # validated before any work
+            object.__setattr__(self, "profile", str(path))
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            object.__setattr__(self, "profile_sha256", digest)
 
     def profile_path(self, model: str) -> Path:
         return Path(self.profile) if self.profile else default_profile_path(model)
@@ -232,7 +240,6 @@ class ForcingKV(KVPruner):
         parts += [f"s{self.segments}"] if self.segments != DEFAULT_SEGMENTS else []
         if self.retention != DEFAULT_RETENTION:
             parts.append(f"r{round(100 * self.retention)}")
-        if self.profile is not None:
-            digest = hashlib.sha256(Path(self.profile).read_bytes()).hexdigest()[:8]
-            parts.append(f"p{digest}")
+        if self.profile_sha256 is not None:
+            parts.append(f"p{self.profile_sha256[:8]}")
         return parts

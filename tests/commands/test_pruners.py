@@ -83,6 +83,7 @@ def test_generate_with_a_pruner(tmp_path):
         "segments": 8,
         "retention": 0.5,
         "profile": None,
+        "profile_sha256": None,
     }
     assert "pruner" not in json.loads((tmp_path / "run/videos/reference/variant.json").read_text())
 
@@ -118,7 +119,21 @@ USAGE_ERRORS = [
     (["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.retention=2"], "retention"),
     (["generate", "--pruner", "forcing-kv", "--ablation", "keys-only"], "--ablation"),
     (["profile-heads", "--threshold", "1.5"], "--threshold"),
+    (["generate", "-b", "2", "-q", "kivi", "--pruner", "forcing-kv", *SMALL], "cannot prune"),
 ]
+
+
+def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):
+    from types import SimpleNamespace
+
+    from jbkv_cli.commands.experiment import _prunable_specs
+    from jbkv_cli.experiment import build_matrix
+
+    specs = build_matrix([2], ["rtn", "kivi"], ["none"], [32], pruners=["none", "forcing-kv"])
+    model = SimpleNamespace(name="tiny", settings={"head_dim": 64})
+    kept = {s.variant_id for s in _prunable_specs(model, specs)}
+    assert kept == {"reference", "fkv", "int2-rtn-g32", "int2-kivi-g32", "int2-rtn-g32-fkv"}
+    assert "int2-kivi-g32-fkv" in capsys.readouterr().err
 
 
 def test_usage_errors_exit_2_with_one_line_and_create_nothing(tmp_path):

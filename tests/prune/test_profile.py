@@ -145,3 +145,16 @@ def test_shipped_profile_of_the_embedded_model():
     assert doc["command"].startswith("jbkv profile-heads --model tiny")
     assert set(profile.counts()) == {"static", "dynamic"} and all(profile.counts().values())
     assert len(ForcingKV().plans("tiny", 4, 2, 64)) == 4
+
+
+def test_a_profile_given_by_path_is_recorded_by_digest(tmp_path):
+    from jbkv_cli.kvcache import KVSpec
+
+    path = tmp_path / "heads.json"
+    path.write_text(json.dumps(GOOD))
+    spec = KVSpec(pruner=ForcingKV(profile=str(path)))
+    stored = spec.to_dict()
+    assert stored["pruner"]["profile"] == str(path.resolve())
+    assert spec.variant_id == "fkv-p" + stored["pruner"]["profile_sha256"][:8]
+    path.unlink()  # a run folder is read back without the file
+    assert KVSpec.from_dict(stored) == spec
