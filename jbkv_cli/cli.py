@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from jbkv_cli import __version__
+from jbkv_cli import __version__, distributed
 from jbkv_cli.console import error, out
 from jbkv_cli.errors import JbkvError
 
@@ -36,7 +36,8 @@ def exit_code_for(exc: BaseException) -> int:
         error("interrupted; finished results are kept, partial ones were discarded")
         return 130
     if isinstance(exc, JbkvError):
-        error(str(exc))
+        if not getattr(exc, "quiet", False):  # another rank already printed it
+            error(str(exc))
         return exc.exit_code
     if isinstance(exc, _CLICK_USAGE):
         ctx = getattr(exc, "ctx", None)
@@ -80,7 +81,9 @@ class _Group(TyperGroup):
         except (Exception, KeyboardInterrupt) as exc:
             if _passes_through(exc):
                 raise
-            raise typer.Exit(exit_code_for(exc)) from None
+            code = exit_code_for(exc)
+            distributed.abort(exc)  # under torchrun: tell the other ranks, then exit
+            raise typer.Exit(code) from None
 
 
 app = typer.Typer(

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from jbkv_cli import distributed
 from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
@@ -30,7 +31,7 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, score_fidelity
+from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, open_run, score_fidelity
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import VideoModel
@@ -182,9 +183,14 @@ def _summary_line(summary, run: RunDir) -> None:
     err.print(
         f"[bold]{summary.generated}[/] videos generated, {summary.skipped} already done · "
         f"{summary.seconds:.1f} s · peak KV cache {summary.peak_kv_bytes / 2**20:.2f} MB · "
-        f"run: {run.root}",
+        f"run: {run.root}" + _per_rank(summary.per_rank),
         highlight=False,
     )
+
+
+def _per_rank(counts: list[int]) -> str:
+    """`` · per rank: 3, 3`` under torchrun (videos made by ranks 0, 1, …); one process: ``""``."""
+    return f" · per rank: {', '.join(map(str, counts))}" if len(counts) > 1 else ""
 
 
 def generate(
@@ -268,14 +274,14 @@ def generate(
         corr = correction if correct else "none"
         spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
-    m = _load(
-        model, _model_options(model, weights, num_chunks, steps, window, device, model_option)
-    )
+    opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
+    distributed.setup(device)
+    m = _load(model, opts)
     _check_specs(m, [spec])
     problem = _prune_problem(m, spec)
     if problem:
         raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
-    run = RunDir.create_or_resume(out_dir or Path("runs") / model, model, m.settings)
+    run = open_run(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
     _summary_line(summary, run)
@@ -379,6 +385,7 @@ def quantize_eval(
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}
+    distributed.setup(device)
     results = []
     for name, items in work.items():
         m = _load(name, model_opts[name])
@@ -386,14 +393,15 @@ def quantize_eval(
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name
-        run = RunDir.create_or_resume(root, name, m.settings)
+        run = open_run(root, name, m.settings)
         summary = generate_all(m, run, model_specs, items)
         _summary_line(summary, run)
         status = score_fidelity(run, lpips=lpips)
         if vbench:
             _run_vbench(run)
-        results.append(_render_run(run, plots=plots, lpips_status=status))
-    if json_path is not None:
+        if distributed.is_main():  # under torchrun rank 0 alone renders and writes the report
+            results.append(_render_run(run, plots=plots, lpips_status=status))
+    if json_path is not None and distributed.is_main():
         data = results[0] if len(results) == 1 else {"runs": results}
         write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
         err.print(f"wrote {json_path}", highlight=False)

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from jbkv_cli import distributed
 from jbkv_cli.atomic import check_writable_file, write_text_atomic
 from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
@@ -65,6 +66,7 @@ def fidelity_command(
     for flag, path in (("--json", json_path), ("--csv", csv_path)):
         if path is not None:
             check_writable_file(path, flag)
+    distributed.setup()  # under torchrun: each rank scores a share of the pairs
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lpips: bool | LpipsAlex = not no_lpips
     if max_lpips is not None:
@@ -79,6 +81,10 @@ def fidelity_command(
         chunk_frames=chunk_frames,
     )
     violations = threshold_violations(result.videos, min_psnr, min_ssim, max_lpips)
+    if not distributed.is_main():
+        # Rank 0 prints, writes and returns the exit code; a failing exit here could make
+        # torchrun stop rank 0 before it has.
+        return 0
 
     out, err = Console(), Console(stderr=True)
     for warning in result.warnings:

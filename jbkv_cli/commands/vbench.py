@@ -10,6 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from jbkv_cli import distributed
 from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_env import default_root, locate_env, require_env, setup_env
@@ -161,6 +162,7 @@ def run_command(
         static_filter=static_filter,
     )
     config.validate()
+    distributed.setup(None if device == "auto" else device)  # torchrun: a share of the variants
     env = require_env(root)
     if skip_missing:
         lacking = check_weights(config)
@@ -201,7 +203,7 @@ def run_command(
     print_vbench_table(out, list(vbench_variants(doc).items()))
     failed = {n: v["errors"] for n, v in doc["variants"].items() if v["errors"]}
     out.print(f"wrote {summary_path}")
-    if failed:
+    if failed and distributed.is_main():  # rank 0 alone, so the line is printed once
         raise JbkvError(
             "VBench failed for "
             + "; ".join(f"{n}: {', '.join(e)}" for n, e in failed.items())

@@ -16,7 +16,11 @@ What it does, in order:
   key steps (zeros for exact tokens); ``keep_view`` keeps that buffer until the next commit
   (default on CPU, where denoising steps re-read it) or drops it after each call (default on GPU).
 - **attend** runs :func:`~jbkv_cli.attention.attend` with the variant's correction, and feeds the
-  ``observer`` it was given (diagnostics) every ``observer.every``-th call.
+  ``observer`` it was given (diagnostics) every ``observer.every``-th call. When a method
+  ``needs_queries`` (QuantWM), every query attended with is added to ``queries``
+  (:class:`~jbkv_cli.quant.queries.QueryStats`) after the call, and commits hand those
+  statistics to the method: strictly causal, a chunk is stored knowing only queries that have
+  already read the cache.
 
 ``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
 
@@ -40,6 +44,7 @@ from jbkv_cli.kvcache.pruned import PrunedChunk
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.prune.base import LayerPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
+from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor, RawTensor, Segmented, zero_steps
 
@@ -111,6 +116,9 @@ class ChunkKVCache:
         self._view: tuple[tuple[int, int | None], CachedKV | None] | None = None
         self._head_dim: int | None = None
         self._layout: tuple[int, ...] | None = None  # (B, Hkv, D) of every chunk
+        self.queries: QueryStats | None = None
+        if any(m is not None and m.needs_queries for m in (spec.key, spec.value)):
+            self.queries = QueryStats()
 
     # --- storing ------------------------------------------------------------------------------
 
@@ -119,6 +127,11 @@ class ChunkKVCache:
         if not self.spec.quantized:
             return None
         return self.spec.key if role == "key" else self.spec.value
+
+    def _store(self, method: KVMethod, x: torch.Tensor, role: Role) -> QuantizedTensor:
+        if method.needs_queries:
+            return method.quantize(x, role, self.queries)
+        return method.quantize(x, role)
 
     def _groups(self, role: Role) -> int:
         method = self._method(role) or self.spec.key
@@ -145,9 +158,9 @@ class ChunkKVCache:
             elif method.residual_tokens(role) > 0:
                 chunk.sides[role] = _Side([], x)  # compressed by _settle when pushed out
             else:
-                chunk.sides[role] = _Side([method.quantize(x, role)])
+                chunk.sides[role] = _Side([self._store(method, x, role)])
         if self.spec.bias_only and not sink:
-            predicted = self.spec.key.quantize(k, "key")
+            predicted = self._store(self.spec.key, k, "key")
             chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
         if self.observer is not None:
             chunk.ref = (k.detach().clone(), v.detach().clone())
@@ -162,7 +175,7 @@ class ChunkKVCache:
 
     def _stored_as(self, role: Role, x: torch.Tensor) -> QuantizedTensor:
         method = self._method(role)
-        return RawTensor(x) if method is None else method.quantize(x, role)
+        return RawTensor(x) if method is None else self._store(method, x, role)
 
     def _commit_pruned(self, k: torch.Tensor, v: torch.Tensor) -> PrunedChunk:
         """Prune the new chunk, and earlier chunks' tokens decided now; store what is kept."""
@@ -185,7 +198,7 @@ class ChunkKVCache:
                 if side.tail is None or side.tail_len == keep:
                     continue
                 cut = side.tail_len - keep
-                side.parts.append(method.quantize(side.tail[..., :cut, :], role))
+                side.parts.append(self._store(method, side.tail[..., :cut, :], role))
                 side.tail = side.tail[..., cut:, :].clone() if keep else None
 
     def _evict(self) -> None:
@@ -244,6 +257,8 @@ class ChunkKVCache:
         if self.pruning is not None:
             self.pruning.forget({c.serial for c in self.chunks})
         self.chunks, self.committed, self._view, self._layout = [], 0, None, None
+        if self.queries is not None:
+            self.queries = QueryStats()
 
     def stored(self, index: int, role: Role = "key") -> QuantizedTensor:
         """What chunk ``index`` (of those held) stores for ``role``."""
@@ -330,6 +345,8 @@ class ChunkKVCache:
         cached = self.read(last)
         correction = self.spec.correction_
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
+        if self.queries is not None:
+            self.queries.update(q, k_cur.shape[-3])
         self._calls += 1
         obs = self.observer
         if (

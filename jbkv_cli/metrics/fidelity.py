@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from jbkv_cli import distributed
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
 from jbkv_cli.metrics.perceptual import DESCRIPTION as LPIPS_DESCRIPTION
@@ -254,8 +255,8 @@ def compare_dirs(
     else:
         scorer, lpips_status = lpips, LPIPS_DESCRIPTION
 
-    videos = [
-        compare_videos(
+    def score(k) -> VideoScores:
+        return compare_videos(
             refs[k],
             tests[k],
             skip_frames,
@@ -264,8 +265,9 @@ def compare_dirs(
             device=device,
             chunk_frames=chunk_frames or _recorded_chunk_frames(tests[k]),
         )
-        for k in keys
-    ]
+
+    # Under torchrun each rank scores its share of the pairs and every rank gets all scores.
+    videos = distributed.map_sharded(score, keys, "scoring the pairs")
     return FidelityResult(
         ref_dir=str(ref_dir),
         test_dir=str(test_dir),

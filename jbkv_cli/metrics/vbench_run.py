@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jbkv_cli import distributed
 from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_env import RUNNER, VBenchEnv, runner_environ
@@ -242,7 +243,7 @@ def _spawn(
         proc = subprocess.Popen(
             [str(env.python), str(RUNNER), str(request)],
             cwd=cwd,
-            env=runner_environ(),
+            env=runner_environ(distributed.child_env()),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -251,6 +252,7 @@ def _spawn(
         assert proc.stdout is not None
         for line in proc.stdout:
             log.write(line)
+            distributed.beat()  # VBench's output is this rank's progress
             if line.startswith("@@jbkv "):
                 event = json.loads(line[len("@@jbkv ") :])
                 if event.get("event") == "error":
@@ -322,17 +324,33 @@ def evaluate_path(
     on_event: Callable[[str, str, dict[str, Any]], None] | None = None,
     force: bool = False,
 ) -> tuple[dict[str, Any], Path]:
-    """Evaluate every variant under ``path``; write and return the summary and its path."""
+    """Evaluate every variant under ``path``; write and return the summary and its path.
+
+    Under torchrun each rank evaluates its share of the variants (each variant's work folder
+    belongs to one rank) and rank 0 writes the summary; every rank returns it.
+    """
     config.validate()
     path = path.resolve()
     variants = discover_variants(path)
     out_dir = (out_dir or default_out_dir(path)).resolve()
     results: dict[str, VariantResult] = {}
-    for name, videos in variants.items():
+    for name in distributed.shard(list(variants)):
         work = out_dir / "vbench" / config.mode / name
         cb = (lambda kind, ev, _n=name: on_event(_n, kind, ev)) if on_event else None
-        results[name] = run_variant(env, videos, work, config, cb, force)
+        results[name] = run_variant(env, variants[name], work, config, cb, force)
+    distributed.wait_for_peers("running VBench")
+    parts = distributed.gather(results, "collecting the VBench results")
+    results = {name: part[name] for name in variants for part in parts if name in part}
     summary_path = out_dir / "vbench.json"
+    doc = distributed.from_rank0(
+        lambda: _write_summary(summary_path, results, config, env), "writing the VBench summary"
+    )
+    return doc, summary_path
+
+
+def _write_summary(
+    summary_path: Path, results: dict[str, VariantResult], config: VBenchConfig, env: VBenchEnv
+) -> dict[str, Any]:
     previous = None
     if summary_path.is_file():
         try:
@@ -341,4 +359,4 @@ def evaluate_path(
             previous = None
     doc = summarize(results, config, env, previous)
     write_text_atomic(summary_path, json.dumps(doc, indent=1) + "\n")
-    return doc, summary_path
+    return doc

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from jbkv_cli.quant.groupwise import check_group_size
+from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import QuantizedTensor
 
 Role = Literal["key", "value"]
@@ -39,12 +40,15 @@ class KVMethod:
     per scale: each method says which in its docstring).
 
     Class attributes a subclass sets: ``name`` (registry and CLI name, file-safe),
-    ``SUPPORTED_BITS``, ``summary`` (one line for help texts and the README).
+    ``SUPPORTED_BITS``, ``summary`` (one line for help texts and the README), and
+    ``needs_queries`` for a method whose ``_quantize(x, role, queries)`` takes the
+    :class:`~jbkv_cli.quant.queries.QueryStats` of the queries attended with so far.
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
+    needs_queries: ClassVar[bool] = False
 
     bits: int = 2
     group_size: int = 32
@@ -77,13 +81,21 @@ class KVMethod:
 
     # --- shared -----------------------------------------------------------------------------
 
-    def quantize(self, x: torch.Tensor, role: Role = "key") -> QuantizedTensor:
-        """Store ``x [..., L, D]`` (post-RoPE keys or values of finished chunks)."""
+    def quantize(
+        self, x: torch.Tensor, role: Role = "key", queries: QueryStats | None = None
+    ) -> QuantizedTensor:
+        """Store ``x [..., L, D]`` (post-RoPE keys or values of finished chunks). ``queries``:
+        the history of queries, for a method that ``needs_queries`` (others ignore it; None or
+        empty means no query has been attended with yet)."""
         if role not in ROLES:
             raise ValueError(f"role must be 'key' or 'value', got {role!r}")
         check_tensor(x)
         self.check(x.shape[-1])
-        return self._quantize(x, role)
+        if not self.needs_queries:
+            return self._quantize(x, role)
+        queries = queries or QueryStats()
+        queries.check(x)
+        return self._quantize(x, role, queries)  # type: ignore[call-arg]
 
     def options(self) -> dict[str, Any]:
         """Parameters beyond ``bits`` and ``group_size`` (for ids and labels)."""

@@ -1,0 +1,246 @@
+"""``torchrun --nproc-per-node 2`` on the CPU (gloo), against one process, as subprocesses.
+
+- quantize-eval on 2 ranks gives the rows (every metric) and the video bytes of one process;
+  both ranks made videos and none was made twice (per-rank counts add up to the total, each
+  record names its rank);
+- fidelity on 2 ranks gives the JSON of one process;
+- ``kill -9`` of one rank mid-run fails the job; one process resumes it to identical results;
+- ``kill -9`` of a single process mid-run; 2 ranks resume it to identical results;
+- a rank that cannot write its file fails the job at once, with that rank's one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from jbkv_cli.metrics.fidelity import compare_dirs
+
+PYTHON_BIN = Path(sys.executable).parent
+TORCHRUN = str(PYTHON_BIN / "torchrun")
+JBKV = str(PYTHON_BIN / "jbkv")
+SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
+EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
+EVAL += ["--corrections", "none,taylor", "--no-lpips", "--no-plots"]
+VIDEOS = 2 * 4 * 3  # prompts x seeds x (reference, int2, int2 + taylor)
+RECORD_TIMING = {"seconds", "diagnostics_seconds", "rank", "world_size"}
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return env | {"JBKV_DIST_TIMEOUT": "120"}
+
+
+def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=_env(), timeout=300
+    )
+
+
+def _torchrun_cmd(*args: object) -> list[str]:
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
+
+
+def _torchrun(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        _torchrun_cmd(*args), capture_output=True, text=True, cwd=cwd, env=_env(), timeout=300
+    )
+
+
+def _rows(path: Path) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if k != "seconds"} for r in json.loads(path.read_text())["rows"]
+    ]
+
+
+def _records(run: Path) -> dict[str, dict]:
+    return {
+        str(p.relative_to(run)): json.loads(p.read_text())
+        for p in sorted(run.glob("videos/*/*-*.json"))
+    }
+
+
+def _videos(run: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.glob("videos/*/*"))
+        if p.suffix in (".mkv", ".mp4")
+    }
+
+
+def _leftovers(run: Path) -> list[Path]:
+    temps = [p for p in run.rglob(".*") if p.is_file()]
+    return temps + list(run.glob("metrics/shards"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torchrun")
+    one = _jbkv(*EVAL, "--out", "one", "--json", "one.json", cwd=root)
+    assert one.returncode == 0, one.stderr
+    two = _torchrun(*EVAL, "--out", "two", "--json", "two.json", cwd=root)
+    assert two.returncode == 0, two.stderr
+    return root, two
+
+
+def test_two_ranks_give_the_rows_and_videos_of_one_process(runs):
+    root, two = runs
+    assert _rows(root / "two.json") == _rows(root / "one.json")
+    assert _videos(root / "two/tiny") == _videos(root / "one/tiny")
+    a, b = _records(root / "one/tiny"), _records(root / "two/tiny")
+    assert sorted(a) == sorted(b) and len(a) == VIDEOS
+    for key in a:
+        assert {k: v for k, v in a[key].items() if k not in RECORD_TIMING} == {
+            k: v for k, v in b[key].items() if k not in RECORD_TIMING
+        }, key
+    assert not _leftovers(root / "two/tiny")
+    assert two.stdout.count("INT2 rtn g32 +taylor") == 1  # rank 0 alone prints the table
+
+
+def test_both_ranks_worked_and_no_video_was_made_twice(runs):
+    root, two = runs
+    records = _records(root / "two/tiny").values()
+    by_rank = Counter(r["rank"] for r in records)
+    assert {r["world_size"] for r in records} == {2}
+    assert set(by_rank) == {0, 1} and abs(by_rank[0] - by_rank[1]) <= 1
+    m = re.search(r"(\d+) videos generated, 0 already done .* per rank: (\d+), (\d+)", two.stderr)
+    assert m, two.stderr
+    made = [int(m[2]), int(m[3])]
+    assert int(m[1]) == sum(made) == VIDEOS  # every video made once, by exactly one rank
+    assert made == [by_rank[0], by_rank[1]]
+    one = _records(root / "one/tiny").values()
+    assert {(r["rank"], r["world_size"]) for r in one} == {(0, 1)}
+
+
+def test_fidelity_on_two_ranks_matches_one_process(runs):
+    root, _ = runs
+    ref, test = root / "one/tiny/videos/reference", root / "one/tiny/videos/int2-rtn-g32"
+    r = _torchrun("fidelity", ref, test, "--no-lpips", "--json", "fid.json", cwd=root)
+    assert r.returncode == 0, r.stderr
+    expected = compare_dirs(ref, test, lpips=False).to_dict()
+    assert json.loads((root / "fid.json").read_text()) | {
+        "thresholds": None,
+        "violations": None,
+    } == (expected | {"thresholds": None, "violations": None})
+    assert r.stdout.count("mean ± SE") == 1
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _rank_pid(agent: int, rank: int) -> int | None:
+    for child in _children(agent):
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return child
+    return None
+
+
+def _until_records(run: Path, proc: subprocess.Popen, n: int) -> None:
+    """Wait until ``run`` holds ``n`` finished videos (or ``proc`` ended: the caller checks)."""
+    deadline = time.monotonic() + 240
+    while len(_records(run)) < n and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_kill_9_of_one_rank_then_one_process_resumes_to_identical_results(runs):
+    root, _ = runs
+    run = root / "killed/tiny"
+    agent = subprocess.Popen(
+        _torchrun_cmd(*EVAL, "--out", "killed"),
+        cwd=root,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _until_records(run, agent, 3)
+    victim = _rank_pid(agent.pid, 1)
+    assert victim is not None and agent.poll() is None, "the job ended before the kill"
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = agent.communicate(timeout=120)
+    assert agent.returncode != 0, stderr
+    assert 0 < len(_records(run)) < VIDEOS, "the kill did not land mid-run"
+
+    resumed = _jbkv(*EVAL, "--out", "killed", "--json", "killed.json", cwd=root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _rows(root / "killed.json") == _rows(root / "one.json")
+    assert _videos(run) == _videos(root / "one/tiny")
+    assert len(_records(run)) == VIDEOS
+    assert not _leftovers(run)
+
+
+def test_kill_9_of_one_process_then_two_ranks_resume_to_identical_results(runs):
+    root, _ = runs
+    run = root / "single/tiny"
+    proc = subprocess.Popen(
+        [JBKV, *EVAL, "--out", "single"],
+        cwd=root,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _until_records(run, proc, 1)
+    assert proc.poll() is None, "the run ended before the kill"
+    proc.kill()
+    proc.wait(timeout=60)
+    made_alone = len(_records(run))
+    assert 0 < made_alone < VIDEOS, "the kill did not land mid-run"
+
+    resumed = _torchrun(*EVAL, "--out", "single", "--json", "single.json", cwd=root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _rows(root / "single.json") == _rows(root / "one.json")
+    assert _videos(run) == _videos(root / "one/tiny")
+    records = _records(run).values()
+    assert len(records) == VIDEOS and not _leftovers(run)
+    worlds = Counter(r["world_size"] for r in records)
+    assert worlds[1] == made_alone and worlds[2] == VIDEOS - made_alone
+    assert {r["rank"] for r in records if r["world_size"] == 2} == {0, 1}
+
+
+def test_a_rank_that_cannot_write_fails_the_job_with_its_error(runs):
+    """A directory where one video's record goes: that rank's write fails for real."""
+    root, _ = runs
+    gen = ["generate", *SMALL, "--bits", "2", "--out", "fail"]
+    first = _jbkv("generate", *SMALL, "--bits", "16", "--out", "fail", cwd=root)
+    assert first.returncode == 0, first.stderr
+    blocker = (
+        root / "fail/videos/int2-rtn-g32/a blue square moves left on a light background-1.json"
+    )
+    blocker.mkdir(parents=True)
+    r = _torchrun(*gen, cwd=root)
+    assert r.returncode != 0
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    failing = [ln for ln in errors if "Is a directory" in ln]
+    assert len(failing) == 1, r.stderr
+    assert re.match(
+        r"error: rank [01]/2: cannot write .*background-1\.json: Is a directory$", failing[0]
+    )
+    assert "timed out" not in r.stderr, "the other rank waited for a timeout instead of stopping"
+
+    blocker.rmdir()
+    resumed = _torchrun(*gen, cwd=root)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(_records(root / "fail")) == 2 * 4 * 2
+    assert not _leftovers(root / "fail")
