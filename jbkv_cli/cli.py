@@ -113,9 +113,10 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import convert, experiment, fidelity, vbench, weights
+    from jbkv_cli.commands import convert, experiment, fidelity, profile, vbench, weights
 
     experiment.register(app)
+    profile.register(app)
     fidelity.register(app)
     vbench.register(app)
     weights.register(app)

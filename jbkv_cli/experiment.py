@@ -27,6 +27,7 @@ from jbkv_cli.metrics.chunks import chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import VideoModel
+from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.runs import RunDir, check_prompt, video_name
 
@@ -45,22 +46,27 @@ def build_matrix(
     group_sizes: Iterable[int],
     ablations: Iterable[str] = (),
     options: dict[str, dict[str, Any]] | None = None,
+    pruners: Iterable[str] = ("none",),
 ) -> list[KVSpec]:
     """The reference plus every quantized combination, then the ablations (uncorrected).
 
-    ``options``: per method name, options passed to it (e.g. ``{"quarot": {"seed": 1}}``).
-    Combinations a method does not define (bits it does not support) are left out.
+    ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
+    {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
+    out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
+    quantized combination (not the ablations).
     """
     options = options or {}
-    specs = [FULL_PRECISION]
+    chosen = [None if p == "none" else build_pruner(p, **options.get(p, {})) for p in pruners]
+    specs = [FULL_PRECISION, *(KVSpec(pruner=p) for p in chosen if p is not None)]
     for q in quantizers:
         for g in group_sizes:
             for b in bits:
                 if b not in METHODS[q].SUPPORTED_BITS:
                     continue
                 kw = options.get(q, {})
-                for c in corrections:
-                    specs.append(KVSpec.build(q, b, g, c, **kw))
+                for p in chosen:
+                    for c in corrections:
+                        specs.append(KVSpec.build(q, b, g, c, pruner=p, **kw))
                 for a in ablations:
                     specs.append(KVSpec.build(q, b, g, "none", **ABLATIONS[a], **kw))
     return list(dict.fromkeys(specs))

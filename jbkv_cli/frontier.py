@@ -57,7 +57,8 @@ def frontier_points(rows: list[ResultRow], metric: str) -> list[Point]:
         value = r.mean(metric)
         if r.is_reference or not r.full or value is None or r.effective_bits is None:
             continue
-        series = r.quantizer + ("" if r.correction == "none" else f" + {r.correction}")
+        series = r.quantizer + ("" if r.pruner == "none" else f" {r.pruner}")
+        series += "" if r.correction == "none" else f" + {r.correction}"
         value = abs(value) if metric == "delta_ps" else value
         points.append(Point(r.variant, series, r.bits, r.group_size, r.effective_bits, value))
     return points

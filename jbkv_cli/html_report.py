@@ -120,6 +120,7 @@ _SORT_KEYS = {
     "LPIPS ↓": lambda r: r.mean("lpips"),
     "ΔP_S": lambda r: r.mean("delta_ps"),
     "KV MB": lambda r: r.kv_cache_bytes,
+    "KV/ref": lambda r: r.kv_ratio,
     "s/video": lambda r: r.mean("seconds"),
 }
 

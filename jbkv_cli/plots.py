@@ -74,7 +74,9 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
             linewidths=1.2,
             label="Pareto front",
         )
-        ax.set_xlabel("effective bits per cached element (measured)")
+        pruned = any(r.pruner != "none" for r in rows)
+        per = "element of the unpruned cache" if pruned else "cached element"
+        ax.set_xlabel(f"effective bits per {per} (measured)")
         ax.set_ylabel(
             {"psnr": "PSNR vs reference (dB) ↑", "ssim": "SSIM ↑", "delta_ps": "|ΔP_S| ↓"}[metric]
         )

@@ -78,12 +78,13 @@ def build_rows(run: RunDir) -> list[ResultRow]:
         scores = [fid[n] for n in names if n in fid]
         diag = [r.get("diagnostics") or {} for r in records]
         kv = Stat.of([r["kv_cache_bytes"] for r in records])
-        eff = ref_bits * kv.mean / ref_bytes.mean if kv and ref_bytes and ref_bytes.mean else None
+        ratio = kv.mean / ref_bytes.mean if kv and ref_bytes and ref_bytes.mean else None
+        eff = None if ratio is None else ref_bits * ratio
         ref = vid == reference
         rows.append(
             ResultRow(
                 variant=vid,
-                label=reference_label(run) if ref else spec.label,
+                label=_label(spec, run, ref),
                 quantizer=spec.quantizer,
                 bits=spec.bits,
                 group_size=None if ref else spec.group_size,
@@ -115,9 +116,32 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 videos=len(records),
                 vbench=vbench.get(vid),
                 storage=spec.storage_id,
+                pruner=spec.pruner.name if spec.pruner is not None else "none",
+                kv_ratio=ratio,
+                kv_bytes_by_head=_bytes_by_head(records),
             )
         )
     return rows
+
+
+def _label(spec, run: RunDir, reference: bool) -> str:
+    """The spec's label, naming the precision a full-precision cache really had (FP32 runs)."""
+    if reference:
+        return reference_label(run)
+    if spec.method is None:  # pruned only: stored as the model gave it
+        return spec.label.replace("16-bit", reference_label(run), 1)
+    return spec.label
+
+
+def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
+    """Mean peak cache bytes per head class over videos (pruned variants), else None."""
+    split = [(r.get("info") or {}).get("kv_cache_bytes_by_head") for r in records]
+    split = [s for s in split if isinstance(s, dict)]
+    if not split:
+        return None
+    kinds = dict.fromkeys(["static", "dynamic", *(k for s in split for k in s)])
+    kinds = [k for k in kinds if any(k in s for s in split)]
+    return {k: round(sum(s.get(k, 0) for s in split) / len(split)) for k in kinds}
 
 
 def _family(row: ResultRow) -> str:
@@ -204,6 +228,7 @@ COLUMNS = (
     "LPIPS ↓",
     "ΔP_S",
     "KV MB",
+    "KV/ref",
     "s/video",
 )
 TEXT_COLUMNS = ("variant", "scheme", "corrected")
@@ -223,7 +248,7 @@ class Layout:
 
 
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
-_SECONDARY = _REDUNDANT | {"KV MB", "s/video"}  # eff. bits says the size
+_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video"}  # eff. bits says the size
 LAYOUTS = (
     Layout(),
     Layout(_REDUNDANT),
@@ -258,12 +283,15 @@ def table_cells(
     for r in rows:
         ref = r.is_reference
         eff = r.effective_bits
+        # the reference and pruned-only variants store what the model gives (e.g. FP32)
+        unquantized = r.quantizer == "none" and bool(eff) and bool(r.kv_ratio)
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
+        scheme += "" if r.pruner == "none" else f" + {r.pruner}"
         lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
         full = {
             "variant": r.label,
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
-            "bits": str(round(eff)) if ref and eff else str(r.bits),
+            "bits": str(round(eff / r.kv_ratio)) if unquantized else str(r.bits),
             "eff. bits": "—" if eff is None else f"{eff:.3f}",
             "corrected": "—" if ref else (r.correction if r.corrected else "no"),
             "PSNR ↑ dB": "ref" if ref else fmt("PSNR ↑ dB", r.psnr, 2),
@@ -271,6 +299,7 @@ def table_cells(
             "LPIPS ↓": "ref" if ref else lp,
             "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
+            "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
             "s/video": fmt("s/video", r.seconds, 2),
         }
         cells.append([full[c] for c in cols])
@@ -384,6 +413,8 @@ def to_csv(rows: list[ResultRow]) -> str:
         "effective_bits",
         "corrected",
         "correction",
+        "pruner",
+        "kv_ratio",
     ]
     metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds"]
     writer = csv.writer(buf)

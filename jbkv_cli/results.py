@@ -83,6 +83,9 @@ class ResultRow:
     storage: str | None = (
         None  # how the cache is stored, without the correction (KVSpec.storage_id)
     )
+    pruner: str = "none"  # the KV pruner's name (none: every cached token kept)
+    kv_ratio: float | None = None  # kv_cache_bytes / the reference's, measured
+    kv_bytes_by_head: dict[str, int] | None = None  # pruned: peak bytes per head class
 
     @property
     def is_reference(self) -> bool:
@@ -126,6 +129,7 @@ class ResultRow:
         for key in ("keys", "values"):
             kw[key] = True if kw[key] is None else bool(kw[key])
         kw["corrected"], kw["bias_only"] = bool(kw["corrected"]), bool(kw["bias_only"])
+        kw["pruner"] = kw["pruner"] if isinstance(kw["pruner"], str) else "none"
         kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
         return cls(**kw)
 

@@ -11,6 +11,10 @@ The exact correction (and the bias-only ablation, which *adds* the exact bias) i
 form, so every backend computes it with a float mask built one query block at a time
 (``masked``), holding at most ``block × Lk`` scores per head. ``correction`` is a name or a
 :class:`~jbkv_cli.attention.correction.Correction`.
+
+Cached tokens a pruner dropped (``CachedKV.valid`` False) get ``−inf`` in every backend
+(:func:`key_mask`, a ``[B, Hq, 1, Lk]`` additive mask, or inside the ``score_mod``), so the
+output equals attention over the kept tokens alone; their correction term is irrelevant.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class CachedKV:
     ``k_step`` ``[B, Hkv, Lc, G]`` holds the stored key steps Δ (zeros for keys kept in full
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
-    are recorded.
+    are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
+    (None: all); attention masks the others.
     """
 
     k: torch.Tensor
@@ -51,6 +56,7 @@ class CachedKV:
     rotation: RandomHadamard | None = None
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +71,18 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=N
     """``softmax(τ q kᵀ + mask) v`` with GQA by head ratio."""
     gqa = q.shape[-3] != k.shape[-3]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor | None:
+    """Additive ``[B, Hq, 1, Lk]``: ``−inf`` on the cached tokens a pruner dropped, 0 on the
+    others and on the ``Lk − Lc`` current keys (GQA by head ratio); None when none was dropped."""
+    if cached is None or cached.valid is None or bool(cached.valid.all()):
+        return None
+    rep = q.shape[-3] // cached.valid.shape[-2]
+    dropped = ~cached.valid.to(q.device).repeat_interleave(rep, dim=-2)  # [B, Hq, Lc]
+    mask = torch.zeros((*dropped.shape[:-1], 1, lk), dtype=q.dtype, device=q.device)
+    mask[..., 0, : dropped.shape[-1]].masked_fill_(dropped, float("-inf"))
+    return mask
 
 
 def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
@@ -84,11 +102,14 @@ def masked(
     """Attention with ``sign · b`` added to the cached scores via a float mask per query block."""
     lc, lq = cached.num_tokens, q.shape[-2]
     block = lq if block is None else block
+    dropped = key_mask(cached, q, k.shape[-2])
     outs = []
     for start in range(0, lq, block):
         qb = q[..., start : start + block, :]
         bias = sign * _bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
         mask = F.pad(bias, (0, k.shape[-2] - lc)).to(q.dtype)
+        if dropped is not None:
+            mask = mask + dropped
         kx = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         vx = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
         outs.append(sdpa(qb, kx, vx, scale, mask))
@@ -106,7 +127,7 @@ def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torc
     qa, ka, va = build_augmented(
         q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
     )
-    return sdpa(qa, ka, va, scale)[..., : q.shape[-1]]
+    return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
 
 def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
@@ -119,11 +140,14 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
     lc = cached.num_tokens
     coef = sign * scale * scale / 24.0
+    drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
+    if cached.valid is not None:
+        drop.masked_fill_(~cached.valid.to(q.device), -torch.inf)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         kv = torch.clamp(kv_idx, max=lc - 1)
         bias = (qn2[b, h, q_idx] * d2[b, h // rep, kv]).sum()
-        return score + torch.where(kv_idx < lc, coef * bias, 0.0)
+        return score + torch.where(kv_idx < lc, coef * bias + drop[b, h // rep, kv], 0.0)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -176,6 +200,8 @@ def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None) -> None:
             raise ValueError(
                 f"cached k/v {tuple(cached.k.shape)}/{tuple(cached.v.shape)} must be {want}"
             )
+        if cached.valid is not None and cached.valid.shape != cached.k.shape[:-1]:
+            raise ValueError(f"cached.valid {tuple(cached.valid.shape)} must be {want[:-1]}")
 
 
 def attend(
@@ -201,7 +227,8 @@ def attend(
     if cached is None or cached.num_tokens == 0:
         return sdpa(q, k_cur, v_cur, scale)
     if cached.k_step is None or not corr.active:
-        return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale)
+        mask = key_mask(cached, q, cached.num_tokens + k_cur.shape[-2])
+        return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
     if corr.form == "exact":
         return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", corr.sign)
     name = backend or _BACKEND.get()

@@ -9,7 +9,9 @@
 
 :class:`AttentionRecorder` is an *observer*: hand it to a model's ``generate`` (which hands it to
 every layer's :class:`~jbkv_cli.kvcache.ChunkKVCache`), and each cache feeds it every ``every``-th
-attention call with the full-precision copy of what it read.
+attention call with the full-precision copy of what it read. Tokens a pruner dropped
+(``cached.valid``) are masked in the variant's attention, so ``ΔP_S`` includes the mass
+pruning moved off the cache, and are left out of the noise statistics.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from jbkv_cli.attention.attend import CachedKV
+from jbkv_cli.attention.attend import CachedKV, key_mask
 from jbkv_cli.attention.correction import (
     Correction,
     _expand_kv_heads,
@@ -81,19 +83,25 @@ def score_noise(
     step: torch.Tensor,
     scale: float,
     rotation=None,
+    valid: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """Measured cached-score error vs the uniform-noise model (see module docstring)."""
+    """Measured cached-score error vs the uniform-noise model (see module docstring), over the
+    cached tokens ``valid [B, Hkv, Lc]`` (default: all)."""
     delta = _scores(q, k_hat.float() - k.float(), scale)  # [B, Hq, Lq, Lc]
     var = 2.0 * taylor_bias(q, step, scale, rotation)  # (τ²/12) Σ_j Δ_ij² ‖q_j‖²
-    ok = var > 0
+    held = torch.ones_like(delta, dtype=torch.bool)
+    if valid is not None:
+        held &= _expand_kv_heads(valid[..., None], q.shape[-3]).transpose(-1, -2).to(q.device)
+    ok = (var > 0) & held
     n = int(ok.sum())
     z = torch.where(ok, delta * var.clamp_min(1e-30).rsqrt(), 0.0)
     z_mean = float(z.sum()) / n if n else 0.0
     z_var = (float(z.square().sum()) - n * z_mean**2) / (n - 1) if n > 1 else 0.0
+    count = max(1, int(held.sum()))
     return {
-        "mean_error": float(delta.mean()),
-        "predicted_var": float(var.mean()),
-        "measured_var": float(delta.square().mean()),
+        "mean_error": float(delta[held].sum()) / count,
+        "predicted_var": float(var[held].sum()) / count,
+        "measured_var": float(delta[held].square().sum()) / count,
         "z_mean": z_mean,
         "z_var": z_var,
     }
@@ -134,6 +142,9 @@ def compare_attention(
         bias = None
         if cached.k_step is not None and corr.active:
             bias = corr.sign * jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation)
+        dropped = key_mask(cached, qb.float(), lc)
+        if dropped is not None:
+            bias = dropped if bias is None else bias + dropped
         p_hat = attention_rows(qb, k_hat, scale, bias)
         p_ref = attention_rows(qb, k_ref, scale)
         o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
@@ -166,7 +177,9 @@ class AttentionRecorder:
         self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, corr))
         if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
-                score_noise(qs, cached.k_ref, cached.k, cached.k_step, scale, cached.rotation)
+                score_noise(
+                    qs, cached.k_ref, cached.k, cached.k_step, scale, cached.rotation, cached.valid
+                )
             )
 
     def delta_ps(self) -> torch.Tensor:

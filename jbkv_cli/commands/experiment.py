@@ -36,6 +36,8 @@ from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, check_prompts, load_model
+from jbkv_cli.prune.base import KVPruner
+from jbkv_cli.prune.registry import build_pruner, pruner_names
 from jbkv_cli.quant.registry import method_names
 from jbkv_cli.report import (
     build_rows,
@@ -77,7 +79,9 @@ def _prompt_items(
 
 
 def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
-    """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks)."""
+    """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks);
+    every pruner can run on it (its head profile is read and checked here)."""
+    _check_pruners(model, specs)
     head_dim = model.settings.get("head_dim")
     if head_dim is None:
         return
@@ -87,6 +91,45 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
                 method.check(head_dim)
             except ValueError as exc:
                 raise UsageError(f"{method.label} on {model.name}: {exc}") from None
+
+
+def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
+    for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
+        layout = getattr(model, "head_layout", None)
+        if layout is None:
+            raise UsageError(f"{pruner.name} does not support model {model.name!r} yet (tiny)")
+        try:
+            pruner.plans(model.name, **layout())
+        except ValueError as exc:
+            raise UsageError(f"{pruner.name} on {model.name}: {exc}") from None
+
+
+def _prune_problem(model: VideoModel, spec: KVSpec) -> str | None:
+    """Why ``spec``'s methods cannot be pruned (they must store each token on its own)."""
+    from jbkv_cli.kvcache.pruned import check_prunable
+
+    head_dim = model.settings.get("head_dim")
+    if spec.pruner is None or head_dim is None:
+        return None
+    try:
+        for method in {spec.key, spec.value} - {None}:
+            check_prunable(method, head_dim)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _prunable_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """The variants but pruned ones whose methods cannot drop single tokens (those are named
+    in a warning and left out)."""
+    problems = {s: _prune_problem(model, s) for s in specs}
+    dropped = [(s.variant_id, why) for s, why in problems.items() if why]
+    if dropped:
+        warn(
+            f"{len(dropped)} pruned variant(s) are left out: pruning needs a method that stores "
+            f"each token on its own (e.g. {dropped[0][0]}: {dropped[0][1]})"
+        )
+    return [s for s, why in problems.items() if not why]
 
 
 DEFAULT_GRID = {"bits": "2,4", "group_sizes": "32", "quantizers": "rtn,quarot"}
@@ -118,6 +161,20 @@ def _spec(*args: Any, **kwargs: Any) -> KVSpec:
     """:meth:`KVSpec.build`, with a bad combination as a usage error."""
     try:
         return KVSpec.build(*args, **kwargs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _pruner(name: str, options: dict[str, dict[str, Any]]) -> KVPruner | None:
+    """The ``--pruner`` (None for ``none``), its ``-M NAME.KEY=VALUE`` options applied."""
+    if name == "none":
+        return None
+    if name not in pruner_names():
+        raise UsageError(
+            f"--pruner must be none or one of {', '.join(pruner_names())}, got {shown(name)}"
+        )
+    try:
+        return build_pruner(name, **options.get(name, {}))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -157,6 +214,10 @@ def generate(
         int, typer.Option("--group-size", "-g", help="Group size of the method (channels).")
     ] = 32,
     method_option: MethodOptionOpt = None,
+    pruner_name: Annotated[
+        str,
+        typer.Option("--pruner", help=f"Pruner: none or {', '.join(pruner_names())}."),
+    ] = "none",
     ablation: Annotated[
         str | None, typer.Option(help="keys-only, values-only or bias-only.")
     ] = None,
@@ -194,7 +255,10 @@ def generate(
         raise UsageError(
             f"--quantizer must be one of {', '.join(method_names())}, got {shown(quantizer)}"
         )
-    options = parse_method_options(method_option, method_names())
+    options = parse_method_options(method_option, (*method_names(), *pruner_names()))
+    pruner = _pruner(pruner_name, options)
+    if pruner is not None and ablation:
+        raise UsageError("--pruner goes with full variants, not with --ablation")
     if bits == 16 and (correct or ablation):
         raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
     if ablation is not None and ablation not in ABLATIONS:
@@ -204,15 +268,19 @@ def generate(
     if group_size < 1:
         raise UsageError(f"--group-size must be a positive channel count, got {group_size}")
     if bits == 16:
-        spec = FULL_PRECISION
+        spec = FULL_PRECISION if pruner is None else KVSpec(pruner=pruner)
     else:
         kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
-        spec = _spec(quantizer, bits, group_size, correction if correct else "none", **kw)
+        corr = correction if correct else "none"
+        spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     distributed.setup(device)
     m = _load(model, opts)
     _check_specs(m, [spec])
+    problem = _prune_problem(m, spec)
+    if problem:
+        raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
     run = open_run(out_dir or Path("runs") / model, model, m.settings)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
@@ -241,6 +309,13 @@ def quantize_eval(
     corrections: Annotated[
         str, typer.Option(help=f"Corrections: {','.join(CLI_CORRECTIONS)}.")
     ] = "none,taylor",
+    pruners: Annotated[
+        str,
+        typer.Option(
+            help=f"Pruners: none,{','.join(pruner_names())}; each one prunes every quantized "
+            "variant and adds its 16-bit pruned variant."
+        ),
+    ] = "none",
     frontier: Annotated[
         bool,
         typer.Option(
@@ -294,11 +369,12 @@ def quantize_eval(
         else parse_list(quantizers, names_all, "quantizers")
     )
     corr_list = parse_list(corrections, CLI_CORRECTIONS, "corrections")
+    prune_list = parse_list(pruners, ("none", *pruner_names()), "pruners")
     abl_list = parse_list(ablations, tuple(ABLATIONS), "ablations") if ablations.strip() else []
     seed_list = parse_seeds(seeds)
-    options = parse_method_options(method_option, names_all)
+    options = parse_method_options(method_option, (*names_all, *pruner_names()))
     try:
-        specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list, options)
+        specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list, options, prune_list)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
@@ -314,6 +390,7 @@ def quantize_eval(
     for name, items in work.items():
         m = _load(name, model_opts[name])
         model_specs = _fitting_specs(m, specs) if frontier else specs
+        model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings)
@@ -370,6 +447,14 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
             f"  {gain['correction']} on {gain['label']}: PSNR {g['mean']:+.2f}{se} dB paired{rec}",
             highlight=False,
         )
+    for r in rows:
+        if r.kv_bytes_by_head and r.kv_cache_bytes is not None and r.kv_ratio is not None:
+            split = ", ".join(f"{k} heads {v / 2**20:.3f}" for k, v in r.kv_bytes_by_head.items())
+            out.print(
+                f"  {r.label}: KV {r.kv_cache_bytes / 2**20:.3f} MB = {r.kv_ratio:.3f} of the "
+                f"reference's ({split} MB)",
+                highlight=False,
+            )
     report_dir = run.root / "report"
     write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
     write_text_atomic(report_dir / "table.md", to_markdown(rows))

@@ -23,6 +23,13 @@ What it does, in order:
   already read the cache.
 
 ``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
+
+**Pruning.** With a ``spec.pruner`` the model gives each layer's cache its ``pruning`` state
+(:class:`~jbkv_cli.prune.base.LayerPruning`): at commit it decides which tokens each KV head
+keeps, those are stored per (batch, KV head) by the methods (prune, then quantize;
+:mod:`jbkv_cli.kvcache.pruned`), later decisions remove tokens of earlier chunks, and reads
+carry ``valid [B, Hkv, Lc]`` so attention masks what was dropped. Sinks are never pruned.
+``nbytes_by_kind()`` splits the bytes by the pruner's head classes.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import torch
 
 from jbkv_cli.attention.attend import CachedKV, attend
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache.pruned import PrunedChunk
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
+from jbkv_cli.prune.base import LayerPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
@@ -70,10 +79,13 @@ class _Chunk:
     bias_step: torch.Tensor | None = None  # bias-only ablation: the Δ the method would use
     bias_rotation: RandomHadamard | None = None
     ref: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    serial: int = 0  # commits before this one
+    pruned: PrunedChunk | None = None  # stored per (batch, KV head) instead of ``sides``
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self.sides.values())
+        held = sum(s.nbytes for s in self.sides.values())
+        return held + (0 if self.pruned is None else self.pruned.nbytes)
 
 
 class ChunkKVCache:
@@ -85,9 +97,14 @@ class ChunkKVCache:
         window: int | None = None,
         keep_view: bool | None = None,
         observer: AttentionObserver | None = None,
+        pruning: LayerPruning | None = None,
     ) -> None:
         if window is not None and window < 0:
             raise ValueError(f"window must be >= 0 chunks or None, got {window}")
+        if (spec.pruner is None) != (pruning is None):
+            raise ValueError("a cache gets its layer's pruning state exactly when the spec prunes")
+        self.pruning = pruning
+        self.peak_by_kind: dict[str, int] = {}
         self.spec = spec
         self.window = window
         self.keep_view = keep_view
@@ -131,8 +148,10 @@ class ChunkKVCache:
             raise ValueError(f"chunk shape {tuple(k.shape)} does not match the cache's chunks")
         self._layout, self._head_dim = layout, k.shape[-1]
         sink = self.committed < self.spec.sink_chunks
-        chunk = _Chunk({}, sink, k.shape[-2], k.device)
-        for role, x in zip(ROLES, (k, v), strict=True):
+        chunk = _Chunk({}, sink, k.shape[-2], k.device, serial=self.committed)
+        if self.pruning is not None and not sink:
+            chunk.pruned = self._commit_pruned(k, v)
+        for role, x in zip(ROLES, (k, v), strict=True) if chunk.pruned is None else ():
             method = None if sink else self._method(role)
             if method is None:
                 chunk.sides[role] = _Side([RawTensor(x)])
@@ -150,14 +169,29 @@ class ChunkKVCache:
         self._settle()
         self._evict()
         self._view = None
+        if self.pruning is not None and self.nbytes >= self.peak_nbytes:
+            self.peak_by_kind = self.nbytes_by_kind()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+
+    def _stored_as(self, role: Role, x: torch.Tensor) -> QuantizedTensor:
+        method = self._method(role)
+        return RawTensor(x) if method is None else self._store(method, x, role)
+
+    def _commit_pruned(self, k: torch.Tensor, v: torch.Tensor) -> PrunedChunk:
+        """Prune the new chunk, and earlier chunks' tokens decided now; store what is kept."""
+        decision = self.pruning.commit(self.committed, k)
+        held = {c.serial: c.pruned for c in self.chunks if c.pruned is not None}
+        for serial, start, keep in decision.settled:
+            if serial in held:
+                held[serial].drop(start, keep)
+        return PrunedChunk(k, v, decision.keep, self._stored_as)
 
     def _settle(self) -> None:
         """Compress the exact tokens that fell out of each method's residual (newest tokens)."""
         for role in ROLES:
             method = self._method(role)
             budget = method.residual_tokens(role) if method else 0
-            for chunk in reversed([c for c in self.chunks if not c.sink]):
+            for chunk in reversed([c for c in self.chunks if not (c.sink or c.pruned)]):
                 side = chunk.sides[role]
                 keep = min(side.tail_len, budget)
                 budget = max(0, budget - chunk.length)
@@ -172,6 +206,8 @@ class ChunkKVCache:
             return
         regular = [c for c in self.chunks if not c.sink]
         drop = {id(c) for c in regular[: max(0, len(regular) - self.window)]}
+        if self.pruning is not None:
+            self.pruning.forget({c.serial for c in self.chunks if id(c) in drop})
         self.chunks = [c for c in self.chunks if id(c) not in drop]
 
     # --- reading ------------------------------------------------------------------------------
@@ -186,8 +222,28 @@ class ChunkKVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the stored chunks (codes, steps, zero points or exact values)."""
-        return sum(c.nbytes for c in self.chunks)
+        """Bytes held by the stored chunks (codes, steps, zero points or exact values), and by
+        the pruner's state when pruning."""
+        held = sum(c.nbytes for c in self.chunks)
+        if self.pruning is not None:
+            held += sum(self.pruning.nbytes_by_kind().values())
+        return held
+
+    def nbytes_by_kind(self) -> dict[str, int]:
+        """``nbytes`` per class of KV head of the pruner (e.g. ``static``, ``dynamic``): kept
+        tokens, their positions and the pruner's state; ``unpruned`` for sink chunks."""
+        kinds = self.pruning.kinds if self.pruning is not None else ()
+        out = dict.fromkeys(kinds, 0)
+        for c in self.chunks:
+            if c.pruned is None:
+                out["unpruned"] = out.get("unpruned", 0) + c.nbytes
+                continue
+            for kind, held in zip(kinds, c.pruned.nbytes_by_head(), strict=True):
+                out[kind] += held
+        if self.pruning is not None:
+            for kind, held in self.pruning.nbytes_by_kind().items():
+                out[kind] = out.get(kind, 0) + held
+        return out
 
     @property
     def working_nbytes(self) -> int:
@@ -198,6 +254,8 @@ class ChunkKVCache:
         return sum(t.numel() * t.element_size() for t in (view.k, view.v))
 
     def reset(self) -> None:
+        if self.pruning is not None:
+            self.pruning.forget({c.serial for c in self.chunks})
         self.chunks, self.committed, self._view, self._layout = [], 0, None, None
         if self.queries is not None:
             self.queries = QueryStats()
@@ -228,6 +286,8 @@ class ChunkKVCache:
         return view
 
     def _assemble(self, chunks: list[_Chunk]) -> CachedKV:
+        if self.pruning is not None:
+            return self._assemble_pruned(chunks)
         groups = self._groups("key")
         keys = [c.sides["key"].stored(groups) for c in chunks]
         k = torch.cat([t.dequantize() for t in keys], dim=-2)
@@ -244,6 +304,29 @@ class ChunkKVCache:
         any_step = self.spec.bias_only or any(t.quantized for t in keys)
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
+        if all(c.ref is not None for c in chunks):
+            view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
+            view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
+        return view
+
+    def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:
+        """The kept tokens at their positions, ``valid`` marking them (sinks: all)."""
+        groups = self._groups("key")
+        parts = []
+        for c in chunks:
+            if c.pruned is not None:
+                parts.append((*c.pruned.dense(groups), c.pruned.kept))
+                continue
+            keys = c.sides["key"].stored(groups)
+            valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=c.device)
+            k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
+            parts.append((k, v, zero_steps(keys, groups), keys.rotation, valid))
+        k, v, steps, rotations, valid = zip(*parts, strict=True)
+        quantized = self.spec.key is not None and self.spec.quantized
+        step = torch.cat(steps, dim=-2) if quantized else None
+        rotation = next((r for r in rotations if r is not None), None)
+        view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
+        view.valid = torch.cat(valid, dim=-1)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
@@ -270,7 +353,7 @@ class ChunkKVCache:
             obs is not None
             and cached is not None
             and cached.k_ref is not None
-            and cached.k_step is not None
+            and (cached.k_step is not None or cached.valid is not None)
             and self._calls % obs.every == 0
         ):
             obs.observe(q, k_cur, v_cur, cached, scale, correction)

@@ -3,12 +3,16 @@
     KVSpec(key=RTN(bits=2), value=RTN(bits=2), correction="taylor")   # INT2 rtn g32 +taylor
     KVSpec.build("quarot", bits=2, correction="taylor")                # the same, by name
     KVSpec()                                                           # the 16-bit reference
+    KVSpec.build("rtn", 2, pruner=ForcingKV())                         # INT2 rtn g32 Forcing-KV
 
 ``key`` and ``value`` are compression methods (:mod:`jbkv_cli.quant`; None keeps that side in
 full precision: the keys-only / values-only ablations), ``correction`` a name from
 :data:`~jbkv_cli.attention.correction.CORRECTIONS` (``bias-only`` is the ablation that keeps the
 cache exact and injects the predicted bias), ``sink_chunks`` the first committed chunks kept in
-full precision. The variant's label and id (its run-folder name) derive from these.
+full precision, ``pruner`` a :class:`~jbkv_cli.prune.base.KVPruner` choosing the tokens each
+KV head keeps (None: all; pruning composes with the methods: prune, then quantize what is kept,
+and with the correction on the kept keys). The reference is the spec with no method and no
+pruner. The variant's label and id (its run-folder name) derive from these.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correction
+from jbkv_cli.prune.base import KVPruner
+from jbkv_cli.prune.registry import build_pruner
+from jbkv_cli.prune.registry import table_rank as pruner_rank
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
 
@@ -32,6 +39,7 @@ class KVSpec:
     value: KVMethod | None = None
     correction: str = "none"
     sink_chunks: int = 0
+    pruner: KVPruner | None = None
 
     def __post_init__(self) -> None:
         corr = get_correction(self.correction)
@@ -40,6 +48,8 @@ class KVSpec:
             raise ValueError(f"the {corr.name} correction needs a key method (quantized keys)")
         if self.sink_chunks < 0:
             raise ValueError(f"sink_chunks must be >= 0, got {self.sink_chunks}")
+        if self.pruner is not None and not corr.quantizes:
+            raise ValueError(f"{self.pruner.name} cannot be combined with the bias-only ablation")
 
     @classmethod
     def build(
@@ -53,20 +63,23 @@ class KVSpec:
         values: bool = True,
         bias_only: bool = False,
         sink_chunks: int = 0,
+        pruner: KVPruner | None = None,
         **options: Any,
     ) -> KVSpec:
-        """A variant by method name: ``quantizer`` applied to keys and/or values."""
+        """A variant by method name: ``quantizer`` applied to keys and/or values (after
+        ``pruner``, when given)."""
         if (quantizer == "none") != (bits == 16):
             raise ValueError(
                 "bits=16 goes with quantizer='none' and vice versa "
                 f"(got quantizer={quantizer!r}, bits={bits})"
             )
         if quantizer == "none":
-            return cls(correction=correction, sink_chunks=sink_chunks)
+            return cls(correction=correction, sink_chunks=sink_chunks, pruner=pruner)
         method = build_method(quantizer, bits, group_size, **options)
         if bias_only:
             correction = "bias-only"
-        return cls(method if keys else None, method if values else None, correction, sink_chunks)
+        key, value = method if keys else None, method if values else None
+        return cls(key, value, correction, sink_chunks, pruner)
 
     # --- what it is -------------------------------------------------------------------------
 
@@ -81,12 +94,12 @@ class KVSpec:
 
     @property
     def is_reference(self) -> bool:
-        return self.key is None and self.value is None
+        return self.key is None and self.value is None and self.pruner is None
 
     @property
     def quantized(self) -> bool:
         """True when cached keys or values are stored below 16 bits."""
-        return not self.is_reference and self.correction_.quantizes
+        return self.method is not None and self.correction_.quantizes
 
     @property
     def bits(self) -> int:
@@ -102,13 +115,13 @@ class KVSpec:
 
     @property
     def keys(self) -> bool:
-        """Keys are not ablated (stored by the method; True for the reference)."""
-        return self.key is not None or self.is_reference
+        """Keys are not ablated (stored by the method; True without a method)."""
+        return self.key is not None or self.method is None
 
     @property
     def values(self) -> bool:
-        """Values are not ablated (stored by the method; True for the reference)."""
-        return self.value is not None or self.is_reference
+        """Values are not ablated (stored by the method; True without a method)."""
+        return self.value is not None or self.method is None
 
     @property
     def bias_only(self) -> bool:
@@ -120,6 +133,15 @@ class KVSpec:
         return self.key is not None and self.value is not None and self.key != self.value
 
     def _parts(self, id_form: bool) -> list[str]:
+        pruned = [] if self.pruner is None else [self._pruner_part(id_form)]
+        if self.method is None:
+            return pruned
+        return self._method_parts(id_form) + pruned
+
+    def _pruner_part(self, id_form: bool) -> str:
+        return self.pruner.variant_id if id_form else self.pruner.label
+
+    def _method_parts(self, id_form: bool) -> list[str]:
         if self.mixed:
             if id_form:
                 return [f"k{self.key.variant_id}", f"v{self.value.variant_id}"]
@@ -142,6 +164,8 @@ class KVSpec:
         if self.is_reference:
             return "16-bit reference"
         parts = self._parts(id_form=False)
+        if self.method is None:
+            parts.insert(0, "16-bit")
         if self.correction != "none":
             parts.append("bias-only" if self.bias_only else f"+{self.correction}")
         if self.sink_chunks:
@@ -160,31 +184,42 @@ class KVSpec:
 
     def sort_key(self) -> tuple:
         """Table order: the reference, then per method (registry order), group size and bit
-        width (high to low) the full variant, its ablations, then its corrections."""
+        width (high to low) the full variant, its ablations, then its corrections; pruned
+        variants after the unpruned ones, per pruner, the 16-bit pruned one first."""
         if self.is_reference:
             return (0,)
+        prune = (0,)
+        if self.pruner is not None:
+            prune = (1, pruner_rank(self.pruner.name), self.pruner.variant_id)
         m = self.method
+        if m is None:  # pruned only
+            return (1, *prune, 0, self.sink_chunks)
         corr = list(CORRECTIONS).index(self.correction)
         ablation = (not self.keys) + 2 * (not self.values) + 4 * self.bias_only
         rank = (table_rank(m.name), m.group_size, -m.bits)
-        return (1, *rank, ablation, corr, m.variant_id, self.mixed, self.sink_chunks)
+        key = (ablation, corr, m.variant_id, self.mixed, self.sink_chunks)
+        return (1, *prune, 1, *rank, *key)
 
     # --- on disk ----------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The spec as JSON; ``pruner`` appears only when set (older run folders have none)."""
+        out = {
             "key": None if self.key is None else self.key.to_dict(),
             "value": None if self.value is None else self.value.to_dict(),
             "correction": self.correction,
             "sink_chunks": self.sink_chunks,
         }
+        if self.pruner is not None:
+            out["pruner"] = self.pruner.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVSpec:
         """Inverse of :meth:`to_dict`; also reads the flat format of jbkv ≤ 0.1 run folders."""
         if "quantizer" in data:
             return cls._from_flat(data)
-        unknown = set(data) - {"key", "value", "correction", "sink_chunks"}
+        unknown = set(data) - {"key", "value", "correction", "sink_chunks", "pruner"}
         if unknown:
             raise ValueError(f"unknown KVSpec fields {sorted(unknown)}")
         return cls(
@@ -192,6 +227,7 @@ class KVSpec:
             _method(data.get("value")),
             data.get("correction", "none"),
             data.get("sink_chunks", 0),
+            _pruner(data.get("pruner")),
         )
 
     @classmethod
@@ -219,6 +255,14 @@ def _method(data: dict[str, Any] | None) -> KVMethod | None:
         raise ValueError("a method must be an object with a 'name'")
     options = {k: v for k, v in data.items() if k not in ("name", "bits", "group_size")}
     return build_method(data["name"], data.get("bits", 2), data.get("group_size", 32), **options)
+
+
+def _pruner(data: dict[str, Any] | None) -> KVPruner | None:
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ValueError("a pruner must be an object with a 'name'")
+    return build_pruner(data["name"], **{k: v for k, v in data.items() if k != "name"})
 
 
 FULL_PRECISION = KVSpec()

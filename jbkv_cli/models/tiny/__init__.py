@@ -15,7 +15,7 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
@@ -72,7 +72,22 @@ class TinyVideoModel:
         out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress, observer)
         frames = (out.frames * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
         info = {"dtype": "float32", "device": self.device, "kv": kv.label, **self.settings}
+        if out.kv_bytes_by_kind is not None:
+            info["kv_cache_bytes_by_head"] = out.kv_bytes_by_kind
         return Video(frames, FPS, out.kv_cache_bytes, info)
+
+    def head_layout(self) -> dict[str, int]:
+        """What a pruner needs: layers, KV heads and tokens per frame."""
+        cfg = self.model.cfg
+        return {"layers": cfg.depth, "kv_heads": cfg.heads, "frame_tokens": cfg.tokens_per_frame}
+
+    def profile_heads(self, prompt: str, seed: int, probe) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` (a
+        :class:`~jbkv_cli.prune.profile.FrameMassProbe`) measures every cache read."""
+        parsed = parse_prompt(prompt)
+        noise = draw_noise(self.model, self.sampler.num_chunks, seed, prompt)
+        probe.begin_sample(prompt, seed)
+        sample(self.model, parsed.token_ids, noise, FULL_PRECISION, self.sampler, probe=probe)
 
 
 def check_prompt(prompt: str) -> None:

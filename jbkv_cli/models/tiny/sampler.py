@@ -10,6 +10,11 @@ For chunk ``i = 0 .. N-1``:
    (``x = (1 - t_c) x0_hat + t_c eps'_i``, as in training) and commit its post-RoPE keys and values
    of every layer to the caches, where they are quantized once per the :class:`KVSpec`.
 
+With a pruner in the :class:`KVSpec`, each layer's cache gets its pruning state from the
+pruner's profile for ``tiny`` (frames of ``(H/p)(W/p)`` tokens). A ``probe``
+(:class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is told the chunk and
+denoising step of every forward (``None`` for the refresh pass).
+
 All noise (``eps_i``, ``eps'_i``) is drawn up front on the CPU from
 ``noise_generator(seed, prompt)``, so every KV variant of a (prompt, seed) sees identical inputs.
 """
@@ -41,10 +46,12 @@ class SamplerSettings:
 
 @dataclass
 class Generated:
-    """Frames in [0, 1] ``[T, 3, H, W]`` and the peak bytes held by all layers' caches."""
+    """Frames in [0, 1] ``[T, 3, H, W]`` and the peak bytes held by all layers' caches (and,
+    when pruning, per class of head: each layer's split at its peak)."""
 
     frames: torch.Tensor
     kv_cache_bytes: int
+    kv_bytes_by_kind: dict[str, int] | None = None
 
 
 def draw_noise(model: TinyDiT, num_chunks: int, seed: int, prompt: str) -> torch.Tensor:
@@ -63,27 +70,42 @@ def sample(
     settings: SamplerSettings,
     progress: Callable[[int, int], None] | None = None,
     observer: AttentionObserver | None = None,
+    probe=None,
 ) -> Generated:
     """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
     cfg = model.cfg
     device = next(model.parameters()).device
-    caches = [ChunkKVCache(kv, settings.window, observer=observer) for _ in range(cfg.depth)]
+    plans = [None] * cfg.depth
+    if kv.pruner is not None:
+        plans = kv.pruner.plans("tiny", cfg.depth, cfg.heads, cfg.tokens_per_frame)
+    caches = [ChunkKVCache(kv, settings.window, observer=observer, pruning=p) for p in plans]
+    layers = caches if probe is None else probe.wrap(caches)
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
     chunks = []
     for i in range(settings.num_chunks):
         x = noise[i, 0].to(device)[None]
         x0 = x
-        for t, t_next in pairwise(grid):
-            x0 = model.forward_chunk(x, torch.full((1,), t, device=device), word_ids, i, caches)
+        for step, (t, t_next) in enumerate(pairwise(grid)):
+            if probe is not None:
+                probe.at(i, step)
+            x0 = model.forward_chunk(x, torch.full((1,), t, device=device), word_ids, i, layers)
             x = x0 + (t_next / t) * (x - x0)
         tc = settings.ctx_noise
         ctx = (1 - tc) * x0 + tc * noise[i, 1].to(device)[None]
-        model.forward_chunk(ctx, torch.full((1,), tc, device=device), word_ids, i, caches, True)
+        if probe is not None:
+            probe.at(i, None)
+        model.forward_chunk(ctx, torch.full((1,), tc, device=device), word_ids, i, layers, True)
         chunks.append(x0)
         if progress is not None:
             progress(i + 1, settings.num_chunks)
     tokens = torch.cat(chunks, 1)
     video = unpatchify(tokens, cfg.patch_size, cfg.channels, cfg.image_size)[0]
     frames = ((video.float().cpu() + 1) / 2).clamp(0, 1)
-    return Generated(frames, sum(c.peak_nbytes for c in caches))
+    by_kind = None
+    if kv.pruner is not None:
+        by_kind = {}
+        for c in caches:
+            for kind, held in c.peak_by_kind.items():
+                by_kind[kind] = by_kind.get(kind, 0) + held
+    return Generated(frames, sum(c.peak_nbytes for c in caches), by_kind)

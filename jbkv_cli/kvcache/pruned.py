@@ -1,0 +1,163 @@
+"""What the cache stores for a pruned chunk: per (batch, KV head) *lane*, the positions of the
+kept tokens (int16, int32 past 32,767 tokens) and their keys and values, stored by the
+variant's methods (prune, then quantize what is kept).
+
+Different heads keep different tokens, so each lane is stored on its own; an anchor frame's
+tokens that a later decision drops are removed from the stored tensors (:func:`take_tokens`,
+no re-quantization). :meth:`PrunedChunk.dense` lays the lanes back out over the chunk's
+positions for attention, zeros where a token was dropped, with ``valid [B, Hkv, L]`` saying
+which tokens are there. ``nbytes`` counts the stored tensors and the positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from jbkv_cli.quant.method import ROLES, KVMethod, Role
+from jbkv_cli.quant.qvg import QVGTensor
+from jbkv_cli.quant.rotation import RandomHadamard
+from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor, RawTensor
+
+Store = Callable[[Role, torch.Tensor], QuantizedTensor]
+"""``store(role, x [n, D])``: how the cache stores kept tokens (a method, or exactly)."""
+
+
+def take_tokens(t: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
+    """The tokens ``index`` (dim −2) of a stored tensor, codes and scales as stored.
+
+    Formats that store each token on its own: :class:`RawTensor`, :class:`GroupQuantized` (RTN,
+    QuaRot) and :class:`QVGTensor` (its codebook is shared and kept). ``TypeError`` otherwise.
+    """
+    index = index.to(device=next(iter(t.stored().values())).device, dtype=torch.long)
+    shape = torch.Size((*t.shape[:-2], index.numel(), t.shape[-1]))
+    if isinstance(t, RawTensor):
+        return RawTensor(t.data.index_select(-2, index))
+    if isinstance(t, GroupQuantized):
+        data, step, zero = (x.index_select(-2, index) for x in (t.data, t.step_fp8, t.zero))
+        return replace(t, data=data, step_fp8=step, zero=zero, shape=shape)
+    if isinstance(t, QVGTensor):
+        return replace(
+            t,
+            codes=t.codes.index_select(-2, index),
+            scale=t.scale.index_select(-2, index),
+            ids=t.ids.index_select(-1, index),
+            shape=shape,
+        )
+    raise TypeError(f"tokens cannot be removed from a stored {type(t).__name__}")
+
+
+def check_prunable(method: KVMethod, head_dim: int) -> None:
+    """Raise ``ValueError`` unless ``method`` stores every token on its own, so that pruning
+    can remove tokens from what it stored."""
+    if any(method.residual_tokens(role) for role in ROLES):
+        raise ValueError(f"{method.label} keeps a full-precision residual of the newest tokens")
+    x = torch.randn(4, head_dim, generator=torch.Generator().manual_seed(0))
+    for role in ROLES:
+        try:
+            take_tokens(method.quantize(x, role), torch.tensor([1, 3]))
+        except TypeError as exc:
+            raise ValueError(f"{method.label} {role}s: {exc}") from None
+
+
+def _index_dtype(length: int) -> torch.dtype:
+    return torch.int16 if length <= torch.iinfo(torch.int16).max else torch.int32
+
+
+@dataclass
+class Lane:
+    """One (batch, KV head)'s kept tokens of a chunk: ``index [n]`` ascending positions,
+    ``k``/``v`` ``[n, D]`` as stored (None when nothing is kept)."""
+
+    index: torch.Tensor
+    k: QuantizedTensor | None
+    v: QuantizedTensor | None
+
+    @property
+    def nbytes(self) -> int:
+        held = self.index.numel() * self.index.element_size()
+        return held + sum(t.nbytes for t in (self.k, self.v) if t is not None)
+
+    def drop(self, start: int, keep: torch.Tensor) -> None:
+        """Remove the tokens at positions ``start + j`` with ``keep[j]`` False."""
+        pos = self.index.long()
+        inside = (pos >= start) & (pos < start + keep.numel())
+        gone = torch.zeros_like(inside)
+        gone[inside] = ~keep[(pos[inside] - start).to(keep.device)].to(gone.device)
+        if not gone.any():
+            return
+        rows = (~gone).nonzero().flatten()
+        self.index = self.index[rows]
+        if rows.numel() == 0:
+            self.k = self.v = None
+            return
+        self.k, self.v = (take_tokens(t, rows) for t in (self.k, self.v))
+
+
+class PrunedChunk:
+    """A chunk stored per lane (see the module docstring).
+
+    ``k``, ``v`` ``[B, Hkv, L, D]`` (exact, post-RoPE); ``keep [B, Hkv, L]`` the tokens stored;
+    ``store`` stores the kept tokens of a lane per role.
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, store: Store):
+        self.shape, self.dtype, self.device = k.shape, k.dtype, k.device
+        dtype = _index_dtype(k.shape[-2])
+        self.lanes: list[list[Lane]] = []
+        for b in range(k.shape[0]):
+            row = []
+            for h in range(k.shape[1]):
+                index = keep[b, h].nonzero().flatten()
+                kept = [x[b, h].index_select(0, index) for x in (k, v)]
+                stored = (
+                    [store(r, x) for r, x in zip(ROLES, kept, strict=True)] if len(index) else []
+                )
+                row.append(Lane(index.to(dtype), *(stored or (None, None))))
+            self.lanes.append(row)
+
+    def drop(self, start: int, keep: torch.Tensor) -> None:
+        """Apply a later decision on positions ``start ..`` (``keep [B, Hkv, n]``)."""
+        for b, row in enumerate(self.lanes):
+            for h, lane in enumerate(row):
+                lane.drop(start, keep[b, h])
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """``bool [B, Hkv, L]``: the tokens held."""
+        valid = torch.zeros(self.shape[:-1], dtype=torch.bool)
+        for b, row in enumerate(self.lanes):
+            for h, lane in enumerate(row):
+                valid[b, h, lane.index.long()] = True
+        return valid.to(self.device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lane.nbytes for row in self.lanes for lane in row)
+
+    def nbytes_by_head(self) -> list[int]:
+        """Bytes held per KV head (over the batch)."""
+        return [sum(row[h].nbytes for row in self.lanes) for h in range(self.shape[1])]
+
+    def dense(
+        self, groups: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None]:
+        """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation)``: the kept
+        tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones)."""
+        k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros_like(k)
+        step = torch.zeros((*self.shape[:-1], groups), dtype=torch.float32, device=self.device)
+        rotation = None
+        for b, row in enumerate(self.lanes):
+            for h, lane in enumerate(row):
+                if lane.k is None:
+                    continue
+                pos = lane.index.long().to(self.device)
+                k[b, h, pos] = lane.k.dequantize().to(self.dtype)
+                v[b, h, pos] = lane.v.dequantize().to(self.dtype)
+                if lane.k.step is not None:
+                    step[b, h, pos] = lane.k.step.to(self.device)
+                    rotation = rotation or lane.k.rotation
+        return k, v, step, rotation

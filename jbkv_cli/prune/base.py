@@ -1,0 +1,85 @@
+"""What a KV-cache pruner is (kvpress-style, like the compression methods: one small frozen
+dataclass each).
+
+A pruner decides which cached tokens each KV head keeps; the cache stores only those, through
+the variant's compression methods (prune, then quantize what is kept), and attention masks the
+rest. A pruner owns its name, validation, label and variant-id part, and builds one
+:class:`LayerPruning` per attention layer for a model (:meth:`KVPruner.plans`). Subclass
+:class:`KVPruner`, set ``name``, implement ``plans``, and add one line to
+:mod:`jbkv_cli.prune.registry`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+
+class LayerPruning(Protocol):
+    """One layer's pruning state, driven by its :class:`~jbkv_cli.kvcache.ChunkKVCache`.
+
+    ``kinds[h]`` names the class of KV head ``h`` (bytes are reported per class).
+    """
+
+    kinds: tuple[str, ...]
+
+    def commit(self, serial: int, k: torch.Tensor) -> Decision:
+        """Decide on a finished chunk ``serial`` (post-RoPE keys ``[B, Hkv, L, D]``)."""
+        ...
+
+    def forget(self, serials: set[int]) -> None:
+        """Drop any state about chunks that left the cache."""
+        ...
+
+    def nbytes_by_kind(self) -> dict[str, int]:
+        """Bytes of state the pruner holds (e.g. descriptors of undecided frames), per class."""
+        ...
+
+
+@dataclass
+class Decision:
+    """What :meth:`LayerPruning.commit` decided.
+
+    ``keep [B, Hkv, L]``: the new chunk's tokens each KV head stores (undecided tokens, kept for
+    now, included). ``settled``: tokens of chunks committed earlier that are decided now, as
+    ``(serial, start, keep [B, Hkv, n])`` for positions ``start .. start + n`` of that chunk.
+    """
+
+    keep: torch.Tensor
+    settled: list[tuple[int, int, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class KVPruner:
+    """Base of pruners. Class attributes a subclass sets: ``name`` (registry and CLI name),
+    ``title`` (label part, e.g. ``Forcing-KV``), ``short`` (variant-id part, e.g. ``fkv``) and
+    ``summary`` (one line for help texts)."""
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    short: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def plans(self, model: str, layers: int, kv_heads: int, frame_tokens: int) -> list:
+        """One :class:`LayerPruning` per layer of ``model`` (``frame_tokens`` tokens per frame)."""
+        raise NotImplementedError
+
+    def check(self, model: str) -> None:
+        """Raise ``ValueError`` when the pruner cannot run on ``model`` (missing profile, ...)."""
+
+    def extra_id(self) -> list[str]:
+        """Variant-id parts for non-default options (default: none)."""
+        return []
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.title, *self.extra_id()])
+
+    @property
+    def variant_id(self) -> str:
+        return "-".join([self.short, *self.extra_id()])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **asdict(self)}

@@ -1,0 +1,245 @@
+"""Forcing-KV: head-wise hybrid pruning of the KV cache, after Forcing-KV (arXiv 2605.09681).
+
+Attention heads of chunk-wise AR video diffusion models split into **static** heads, which read
+the current chunk and the transition anchors (the most recent frames), and **dynamic** heads,
+which read corresponding regions of older frames; the split is found once, offline, from
+frame-level attention mass (:mod:`jbkv_cli.prune.profile`, ``jbkv profile-heads``) and read
+from a JSON profile. With ``T`` tokens per frame, ``A = anchor_frames`` and ``S = segments`` per
+frame, for every layer and KV head:
+
+- every cached frame among the ``A`` most recent is kept whole (the transition anchors);
+- when a frame ``f`` leaves the anchors (the next chunk is committed), a **static** head drops
+  it entirely (structured pruning: only the anchors remain);
+- a **dynamic** head splits ``f`` into ``S`` segments of consecutive tokens and compares each
+  with the same segment of the next frame ``f + 1``, by the cosine similarity of their mean keys
+
+      sim_s = cos( mean_{i∈s} k_f,i , mean_{i∈s} k_f+1,i )
+
+  and keeps the ``⌈ρ S⌉`` segments with the *lowest* similarity (``ρ = retention``): what
+  changes is kept, a segment that the next frame repeats is dropped, since the newer copy
+  carries it (the chain ends at the anchors, which are kept).
+
+Tokens are decided once, from the exact keys of the chunk being committed: a frame that leaves
+the anchors inside that chunk is pruned before the chunk is quantized ("prune, then quantize
+what is kept"); an anchor frame is stored (quantized) with its chunk and its dropped tokens are
+removed from the stored tensors when it leaves the anchors (for per-token formats such as RTN
+and QuaRot exactly the same as quantizing only the kept tokens; QVG keeps the chunk's
+codebook). Attention reads the kept tokens and masks the others (``-inf``), and the cache holds
+only kept tokens, their positions and the segment means of undecided anchor frames (dynamic
+heads), all counted in its bytes. Sink chunks (``KVSpec.sink_chunks``) are never pruned.
+
+Choices where the paper (as available to us) is silent, and where jbkv differs:
+
+- **Segments** are ``S`` runs of consecutive tokens of a frame in the model's token order (rows
+  of patches), ``S = 8`` by default: one 8-token row of the embedded model's 8×8 frames.
+- **Similarity** is the cosine of segment-mean post-RoPE keys (the keys the cache holds) of a
+  frame and its successor; the retention ``ρ = 0.33`` is a per-frame budget, so every decided
+  frame of a dynamic head keeps the same number of segments (ties: the earlier segment).
+- **Anchors**: ``A`` comes from the profile (the frames the classification counted as local)
+  unless ``anchor_frames`` is given. Decisions use exact keys, never the quantized ones, so a
+  16-bit and an INT2 variant prune the same tokens.
+- **Classification** per KV head (the cache stores KV heads): the mean local mass of the query
+  heads that read it (:mod:`jbkv_cli.prune.profile`).
+- Not reproduced: the CUDA kernels and speed-ups (attention here runs over a buffer of the full
+  window with dropped tokens masked, so it is no faster), dropping tokens per query chunk inside
+  one denoising step, and the paper's models (the profile and numbers are for jbkv's models).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from jbkv_cli.prune.base import Decision, KVPruner
+from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile
+
+DEFAULT_SEGMENTS = 8
+DEFAULT_RETENTION = 0.33
+
+
+# --- the rules (pure functions) -----------------------------------------------------------------
+
+
+def segment_ids(frame_tokens: int, segments: int) -> torch.Tensor:
+    """``[T]``: the segment of each token of a frame (``segments`` runs of consecutive tokens,
+    lengths differing by at most one)."""
+    if not 1 <= segments <= frame_tokens:
+        raise ValueError(
+            f"segments must be in 1..{frame_tokens} (tokens per frame), got {segments}"
+        )
+    parts = torch.tensor_split(torch.arange(frame_tokens), segments)
+    return torch.cat([torch.full((len(p),), i) for i, p in enumerate(parts)])
+
+
+def segment_means(k: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean key per segment: ``[..., F·T, D] -> [..., F, S, D]`` (float32)."""
+    segments = int(ids.max()) + 1
+    onehot = F.one_hot(ids.to(k.device), segments).float()  # [T, S]
+    frames = k.float().unflatten(-2, (-1, ids.numel()))  # [..., F, T, D]
+    return torch.einsum("...td,ts->...sd", frames, onehot / onehot.sum(0))
+
+
+def segment_similarity(frame: torch.Tensor, successor: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of segment means ``[..., S, D]`` of a frame and the next: ``[..., S]``."""
+    return F.cosine_similarity(frame, successor, dim=-1)
+
+
+def changed_segments(similarity: torch.Tensor, retention: float) -> torch.Tensor:
+    """``bool [..., S]``: the ``⌈retention · S⌉`` least similar segments (ties: the earlier)."""
+    s = similarity.shape[-1]
+    n = min(s, math.ceil(retention * s - 1e-9))
+    order = torch.argsort(similarity, dim=-1, stable=True)[..., :n]
+    return torch.zeros_like(similarity, dtype=torch.bool).scatter_(-1, order, True)
+
+
+# --- one layer's state --------------------------------------------------------------------------
+
+
+class ForcingKVLayer:
+    """The decisions for one layer's cache (see the module docstring); ``kinds`` per KV head."""
+
+    def __init__(
+        self,
+        kinds: tuple[str, ...],
+        frame_tokens: int,
+        anchor_frames: int,
+        segments: int = DEFAULT_SEGMENTS,
+        retention: float = DEFAULT_RETENTION,
+    ) -> None:
+        if anchor_frames < 1:
+            raise ValueError(f"anchor_frames must be >= 1, got {anchor_frames}")
+        self.kinds = tuple(kinds)
+        self.frame_tokens = frame_tokens
+        self.anchor_frames = anchor_frames
+        self.retention = retention
+        self.ids = segment_ids(frame_tokens, segments)
+        self.dynamic = [h for h, kind in enumerate(self.kinds) if kind == "dynamic"]
+        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (serial, frame, means)
+
+    def commit(self, serial: int, k: torch.Tensor) -> Decision:
+        """Decide on chunk ``serial``'s keys ``[B, Hkv, L, D]`` and on the frames that leave
+        the anchors because of it."""
+        b, h, length, _ = k.shape
+        t = self.frame_tokens
+        if h != len(self.kinds):
+            raise ValueError(f"the head profile has {len(self.kinds)} KV heads, the chunk {h}")
+        if length % t:
+            raise ValueError(f"a chunk of {length} tokens is not whole frames of {t} tokens")
+        means = segment_means(k[:, self.dynamic], self.ids)  # [B, Hd, F, S, D]
+        frames = [*self._pending, *((serial, f, means[:, :, f]) for f in range(length // t))]
+        leaving = max(0, len(frames) - self.anchor_frames)
+        keep = torch.ones(b, h, length, dtype=torch.bool, device=k.device)
+        settled = []
+        for i, (s, f, m) in enumerate(frames[:leaving]):
+            frame_keep = torch.zeros(b, h, t, dtype=torch.bool, device=k.device)
+            if self.dynamic:
+                sim = segment_similarity(m, frames[i + 1][2])
+                frame_keep[:, self.dynamic] = changed_segments(sim, self.retention)[..., self.ids]
+            if s == serial:
+                keep[..., f * t : (f + 1) * t] = frame_keep
+            else:
+                settled.append((s, f * t, frame_keep))
+        self._pending = frames[leaving:]
+        return Decision(keep, settled)
+
+    def forget(self, serials: set[int]) -> None:
+        self._pending = [p for p in self._pending if p[0] not in serials]
+
+    def nbytes_by_kind(self) -> dict[str, int]:
+        """The segment means of undecided anchor frames (dynamic heads only)."""
+        held = sum(m.numel() * m.element_size() for _, _, m in self._pending)
+        return {"dynamic": held} if held else {}
+
+
+# --- the pruner ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForcingKV(KVPruner):
+    """Options: ``anchor_frames`` (``A``; None: the profile's), ``segments`` per frame (``S``),
+    ``retention`` (``ρ``, share of segments a dynamic head keeps of each decided frame) and
+    ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model).
+
+    A ``profile`` given by path is validated when the pruner is built and stored as its absolute
+    path with ``profile_sha256``, the digest of its bytes (in the variant id), so a run folder
+    records which profile it used and is read back without the file."""
+
+    name: ClassVar[str] = "forcing-kv"
+    title: ClassVar[str] = "Forcing-KV"
+    short: ClassVar[str] = "fkv"
+    summary: ClassVar[str] = (
+        "after Forcing-KV: static heads keep the anchor frames, dynamic heads the segments that "
+        "change from frame to frame"
+    )
+
+    anchor_frames: int | None = None
+    segments: int = DEFAULT_SEGMENTS
+    retention: float = DEFAULT_RETENTION
+    profile: str | None = None
+    profile_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.anchor_frames is not None and (
+            type(self.anchor_frames) is not int or self.anchor_frames < 1
+        ):
+            raise ValueError(f"anchor_frames must be an integer >= 1, got {self.anchor_frames!r}")
+        if type(self.segments) is not int or self.segments < 1:
+            raise ValueError(f"segments must be an integer >= 1, got {self.segments!r}")
+        if not isinstance(self.retention, int | float) or not 0 <= self.retention <= 1:
+            raise ValueError(f"retention must be in [0, 1], got {self.retention!r}")
+        if self.profile is not None and self.profile_sha256 is None:
+            path = Path(self.profile).resolve()
+            load_profile(path)  # validated before any work
+            object.__setattr__(self, "profile", str(path))
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            object.__setattr__(self, "profile_sha256", digest)
+
+    def profile_path(self, model: str) -> Path:
+        return Path(self.profile) if self.profile else default_profile_path(model)
+
+    def head_profile(self, model: str) -> HeadProfile:
+        """The profile for ``model``; ``ValueError`` (naming the file) when it is unusable."""
+        path = self.profile_path(model)
+        if self.profile is None and not path.is_file():
+            raise ValueError(
+                f"forcing-kv has no head profile for model {model!r}: make one with "
+                f"`jbkv profile-heads --model {model} --out FILE` and pass "
+                "-M forcing-kv.profile=FILE"
+            )
+        profile = load_profile(path)
+        if profile.model != model:
+            raise ValueError(f"{path} profiles model {profile.model!r}, not {model!r}")
+        return profile
+
+    def check(self, model: str) -> None:
+        self.head_profile(model)
+
+    def plans(
+        self, model: str, layers: int, kv_heads: int, frame_tokens: int
+    ) -> list[ForcingKVLayer]:
+        profile = self.head_profile(model)
+        if profile.layers != layers or len(profile.heads[0]) != kv_heads:
+            raise ValueError(
+                f"{self.profile_path(model)} has {profile.layers} layers x "
+                f"{len(profile.heads[0])} heads; {model} has {layers} x {kv_heads}"
+            )
+        anchor = self.anchor_frames or profile.anchor_frames
+        return [
+            ForcingKVLayer(kinds, frame_tokens, anchor, self.segments, self.retention)
+            for kinds in profile.heads
+        ]
+
+    def extra_id(self) -> list[str]:
+        parts = [f"a{self.anchor_frames}"] if self.anchor_frames is not None else []
+        parts += [f"s{self.segments}"] if self.segments != DEFAULT_SEGMENTS else []
+        if self.retention != DEFAULT_RETENTION:
+            parts.append(f"r{round(100 * self.retention)}")
+        if self.profile_sha256 is not None:
+            parts.append(f"p{self.profile_sha256[:8]}")
+        return parts

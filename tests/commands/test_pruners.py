@@ -1,0 +1,155 @@
+"""``--pruners`` / ``--pruner`` and ``profile-heads`` on the embedded model (small settings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from jbkv_cli.cli import app
+from jbkv_cli.prune import load_profile
+
+JBKV = str(Path(sys.executable).with_name("jbkv"))
+PROMPT = "a red circle moves right on a dark background"
+SMALL = ["--prompt", PROMPT, "--seeds", "0", "--num-chunks", "3", "--steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory) -> tuple[Path, dict, str]:
+    out = tmp_path_factory.mktemp("pruned")
+    args = ["quantize-eval", *SMALL, "--quantizers", "rtn", "--bits", "2"]
+    args += ["--pruners", "none,forcing-kv", "--corrections", "none,taylor"]
+    args += ["--no-lpips", "--no-plots", "--out", str(out), "--json", str(out / "r.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out / "tiny", json.loads((out / "r.json").read_text()), result.output
+
+
+def test_quantize_eval_rows_carry_the_pruner(pruned_run):
+    _, data, output = pruned_run
+    rows = {r["variant"]: r for r in data["rows"]}
+    assert list(rows) == [
+        "reference",
+        "int2-rtn-g32",
+        "int2-rtn-g32-taylor",
+        "fkv",
+        "int2-rtn-g32-fkv",
+        "int2-rtn-g32-fkv-taylor",
+    ]
+    assert {r["pruner"] for r in rows.values()} == {"none", "forcing-kv"}
+    assert rows["reference"]["kv_ratio"] == 1.0 and rows["reference"]["pruner"] == "none"
+    fkv, int2 = rows["fkv"], rows["int2-rtn-g32"]
+    assert fkv["label"] == "FP32 Forcing-KV" and fkv["bits"] == 16
+    assert 0 < fkv["kv_ratio"] < 1
+    pruned = rows["int2-rtn-g32-fkv-taylor"]
+    assert pruned["kv_ratio"] < int2["kv_ratio"] and pruned["storage"] == "int2-rtn-g32-fkv"
+    for r in (fkv, pruned):
+        split = r["kv_bytes_by_head"]
+        assert set(split) == {"static", "dynamic"} and sum(split.values()) == r["kv_cache_bytes"]
+    assert pruned["psnr"]["mean"] > 10 and fkv["psnr"]["mean"] > pruned["psnr"]["mean"]
+    gains = {g["storage"]: g for g in data["correction_gains"]}
+    assert set(gains) == {"int2-rtn-g32", "int2-rtn-g32-fkv"}
+    assert "Forcing-KV" in output and "KV/ref" in output and "static heads" in output
+
+
+def test_report_rebuilds_the_pruned_rows(pruned_run):
+    run, data, _ = pruned_run
+    result = CliRunner().invoke(app, ["report", str(run), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["rows"] == data["rows"]
+    page = (run / "report" / "index.html").read_text()
+    assert "INT2 rtn g32 Forcing-KV +taylor" in page
+    table = (run / "report" / "table.md").read_text()
+    assert "| FP32 Forcing-KV | none + forcing-kv | 32 |" in table  # stored as the model gave it
+
+
+def test_generate_with_a_pruner(tmp_path):
+    args = ["generate", *SMALL, "--bits", "2", "-q", "rtn", "--correct", "--pruner", "forcing-kv"]
+    args += ["-M", "forcing-kv.retention=0.5", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    spec = json.loads(
+        (tmp_path / "run/videos/int2-rtn-g32-fkv-r50-taylor/variant.json").read_text()
+    )
+    assert spec["pruner"] == {
+        "name": "forcing-kv",
+        "anchor_frames": None,
+        "segments": 8,
+        "retention": 0.5,
+        "profile": None,
+        "profile_sha256": None,
+    }
+    assert "pruner" not in json.loads((tmp_path / "run/videos/reference/variant.json").read_text())
+
+
+def test_profile_heads_writes_a_profile_the_pruner_reads(tmp_path):
+    path = tmp_path / "heads.json"
+    args = ["profile-heads", *SMALL, "--anchor-frames", "2", "--threshold", "0.6"]
+    result = CliRunner().invoke(app, [*args, "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(path)
+    assert profile.layers == 4 and profile.anchor_frames == 2 and profile.threshold == 0.6
+    doc = json.loads(path.read_text())
+    assert doc["samples"] == [{"prompt": PROMPT, "seed": 0}]
+    assert doc["command"].startswith("jbkv profile-heads --model tiny --anchor-frames 2")
+    assert set(doc["stability"]) == {"samples", "steps"}
+    args = ["generate", *SMALL, "--bits", "16", "--pruner", "forcing-kv"]
+    args += ["-M", f"forcing-kv.profile={path}", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "120"}
+    env.pop("JBKV_DEBUG", None)
+    argv = [JBKV, *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+
+
+USAGE_ERRORS = [
+    (["quantize-eval", "--pruners", "none,snapkv"], "bad --pruners"),
+    (["generate", "--pruner", "snapkv"], "--pruner must be"),
+    (["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.profile=no.json"], "no.json"),
+    (["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.retention=2"], "retention"),
+    (["generate", "--pruner", "forcing-kv", "--ablation", "keys-only"], "--ablation"),
+    (["profile-heads", "--threshold", "1.5"], "--threshold"),
+    (["generate", "-b", "2", "-q", "kivi", "--pruner", "forcing-kv", *SMALL], "cannot prune"),
+]
+
+
+def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):
+    from types import SimpleNamespace
+
+    from jbkv_cli.commands.experiment import _prunable_specs
+    from jbkv_cli.experiment import build_matrix
+
+    specs = build_matrix([2], ["rtn", "kivi"], ["none"], [32], pruners=["none", "forcing-kv"])
+    model = SimpleNamespace(name="tiny", settings={"head_dim": 64})
+    kept = {s.variant_id for s in _prunable_specs(model, specs)}
+    assert kept == {"reference", "fkv", "int2-rtn-g32", "int2-kivi-g32", "int2-rtn-g32-fkv"}
+    assert "int2-kivi-g32-fkv" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2_with_one_line_and_create_nothing(tmp_path):
+    """Through the installed ``jbkv`` (cases run concurrently: each start-up imports torch)."""
+    dirs = [tmp_path / str(i) for i in range(len(USAGE_ERRORS))]
+    for d in dirs:
+        d.mkdir()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(
+            pool.map(
+                lambda c: _jbkv(*c[0][0], "--out", "o", cwd=c[1]),
+                zip(USAGE_ERRORS, dirs, strict=True),
+            )
+        )
+    for (args, message), d, result in zip(USAGE_ERRORS, dirs, results, strict=True):
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert list(d.iterdir()) == [], args

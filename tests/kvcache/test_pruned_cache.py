@@ -1,0 +1,142 @@
+"""The cache with a pruner: per-head kept tokens, masked reads, bytes of what is kept."""
+
+import pytest
+import torch
+
+from jbkv_cli.attention import AttentionRecorder
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.kvcache.pruned import check_prunable, take_tokens
+from jbkv_cli.prune import ForcingKV, ForcingKVLayer
+from jbkv_cli.quant import build_method
+
+T, D, F = 8, 64, 2  # tokens per frame, head dim, frames per chunk
+
+
+def _chunk(seed: int, heads: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, heads, F * T, D, generator=g) for _ in range(2))
+
+
+def _cache(spec, kinds=("static", "dynamic"), window=2, retention=0.25, **kw):
+    layer = ForcingKVLayer(kinds, T, anchor_frames=1, segments=4, retention=retention)
+    return ChunkKVCache(spec, window, pruning=layer, **kw)
+
+
+def _attend(cache, seed=99, heads=2):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, 4, D, generator=g) for _ in range(3))
+    return cache.attend(q, k, v, scale=D**-0.5)
+
+
+@pytest.mark.parametrize("method", [None, "rtn", "quarot"])
+def test_pruning_that_keeps_everything_equals_no_pruning_bit_for_bit(method):
+    spec_kw = {"correction": "taylor"} if method else {}
+    plain_spec = KVSpec.build(method, 2, **spec_kw) if method else KVSpec()
+    pruned_spec = (
+        KVSpec.build(method, 2, pruner=ForcingKV(), **spec_kw)
+        if method
+        else KVSpec(pruner=ForcingKV())
+    )
+    plain = ChunkKVCache(plain_spec, window=2)
+    pruned = _cache(pruned_spec, kinds=("dynamic", "dynamic"), retention=1.0)
+    for i in range(4):
+        plain.commit(*_chunk(i))
+        pruned.commit(*_chunk(i))
+        a, b = plain.read(), pruned.read()
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v) and b.valid.all()
+        assert (a.k_step is None) == (b.k_step is None)
+        assert a.k_step is None or torch.equal(a.k_step, b.k_step)
+        assert torch.equal(_attend(plain), _attend(pruned))
+
+
+def test_kept_tokens_follow_the_rules_and_nbytes_counts_only_them():
+    cache = _cache(KVSpec(pruner=ForcingKV()))
+    cache.commit(*_chunk(0))
+    valid = cache.read().valid[0]
+    # static: the anchor frame only; dynamic: 1 of 4 segments of frame 0 + the anchor
+    assert valid[0].tolist() == [False] * T + [True] * T
+    assert valid[1, :T].sum() == 2 and valid[1, T:].all()
+    kept = int(valid.sum())
+    index_bytes = 2 * kept  # int16 positions
+    means = 4 * D * 4  # the dynamic head's pending anchor: 4 segment means (float32)
+    assert cache.nbytes == kept * D * 4 * 2 + index_bytes + means
+    by_kind = cache.nbytes_by_kind()
+    assert by_kind["static"] == T * (D * 4 * 2 + 2)
+    assert by_kind["dynamic"] == (T + 2) * (D * 4 * 2 + 2) + means
+    assert sum(by_kind.values()) == cache.nbytes
+
+
+def test_anchor_tokens_leave_without_requantizing_the_survivors():
+    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKV()))
+    cache.commit(*_chunk(0))
+    before = cache.read()
+    held = cache.nbytes
+    cache.commit(*_chunk(1))
+    after = cache.read()
+    first = after.valid[0, :, : F * T]
+    # the static head dropped its old anchor; the dynamic head kept a quarter of it
+    assert not first[0].any() and first[1, T:].sum() == 2
+    survivors = first[1]
+    assert torch.equal(after.k[0, 1, : F * T][survivors], before.k[0, 1][survivors])
+    assert cache.nbytes < 2 * held
+    per_token = 2 * (D * 2 // 8 + D // 32 * (1 + 2)) + 2  # k and v codes, FP8 Δ, BF16 z; index
+    means = 4 * D * 4
+    assert cache.nbytes == int(after.valid.sum()) * per_token + means
+
+
+def test_prune_then_quantize_what_is_kept():
+    k, v = _chunk(3)
+    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKV()))
+    cache.commit(k, v)
+    view = cache.read()
+    rtn = build_method("rtn", 2)
+    for h in range(2):
+        idx = view.valid[0, h].nonzero().flatten()
+        alone = rtn.quantize(k[0, h, idx], "key")
+        assert torch.equal(view.k[0, h, idx], alone.dequantize())
+        assert torch.equal(view.k_step[0, h, idx], alone.step)
+        assert (view.k[0, h][~view.valid[0, h]] == 0).all()
+        assert (view.k_step[0, h][~view.valid[0, h]] == 0).all()
+
+
+def test_eviction_and_sinks():
+    spec = KVSpec.build("rtn", 2, sink_chunks=1, pruner=ForcingKV())
+    cache = _cache(spec, window=1)
+    for i in range(3):
+        cache.commit(*_chunk(i))
+    view = cache.read()
+    assert cache.num_chunks == 2 and view.valid[..., : F * T].all()  # the sink: never pruned
+    assert torch.equal(view.k[..., : F * T, :], _chunk(0)[0])
+    assert "unpruned" in cache.nbytes_by_kind()
+    cache.reset()
+    assert cache.nbytes == 0
+
+
+def test_observer_sees_the_mass_pruning_moves():
+    rec = AttentionRecorder(every=1)
+    cache = _cache(KVSpec(pruner=ForcingKV()), observer=rec)
+    for i in range(2):
+        cache.commit(*_chunk(i))
+        _attend(cache, seed=i)
+    summary = rec.summary()
+    assert summary["delta_ps"] < 0  # dropped tokens carry no mass
+    assert "noise_measured_var" not in summary  # nothing quantized
+
+
+def test_spec_and_pruning_state_go_together():
+    with pytest.raises(ValueError, match="pruning state"):
+        ChunkKVCache(KVSpec(pruner=ForcingKV()))
+    with pytest.raises(ValueError, match="pruning state"):
+        _cache(KVSpec())
+
+
+def test_which_methods_can_be_pruned():
+    for name in ("rtn", "rtn-nearest", "quarot", "qvg"):
+        check_prunable(build_method(name, 2), D)
+    with pytest.raises(ValueError, match="residual"):
+        check_prunable(build_method("kivi", 2), D)
+    with pytest.raises(ValueError, match="cannot be removed"):
+        check_prunable(build_method("kivi", 2, residual=0), D)
+    qvg = build_method("qvg", 2).quantize(torch.randn(128, D), "value")
+    taken = take_tokens(qvg, torch.tensor([5, 70]))
+    assert torch.equal(taken.dequantize(), qvg.dequantize()[[5, 70]])
