@@ -37,13 +37,19 @@ zero up to the FP8 rounding of ``C`` (3 mantissa bits) and the BF16 rounding of 
 
 **Values** are stored with RTN (per-token groups): QuantWM's techniques are about keys.
 
-**Correction.** The stored step ``Δ`` is the residual's; PSAC removes the error along ``U_r``,
-where most of the query energy lies, so the Taylor correction assumes more score noise than
-remains (it over-corrects); measured and reported, not adjusted.
+**Correction.** The residual's noise has steps ``Δ_ij``; PSAC removes its part along ``U_r``, so
+a query ``q`` sees the noise of ``P q`` with ``P = I − U_r U_rᵀ``, and the bias is
+``(τ²/24) Σ_j Δ_ij² ‖(P q)_j‖²``. The correction's kernel reads ``‖q_j‖²``, one projection for
+every chunk, so PSAC reports steps calibrated on the query history instead:
+``step_ij = Δ_ij · √ρ_j`` with ``ρ_j = E‖(P q)_j‖² / E‖q_j‖² = Σ_{c∈j} (P Σ P)_cc / Σ_{c∈j} Σ_cc``
+(``Σ = M/n``, clamped to [0, 1], stored as BF16 ``[G]`` per chunk and (batch row, head) and
+counted). In expectation over queries distributed like the history the Taylor bias is then the
+right one; a single query inside ``U_r`` is still over-corrected and one outside it
+under-corrected. The FP8 rounding of ``C`` (≤ 2⁻⁴ relative) is left out of the noise model.
 
 **Storage** (counted from the stored tensors): ``B + 24/g`` (residual) ``+ 8/D`` (ids) ``+
-16·K_eff/L`` (centroids) ``+ 8·r/D`` (PSAC coefficients) ``+ 16·r/L`` (basis) bits per key
-element; values ``B + 24/g``. Ablations: ``quantwm-qsac`` (QSAC alone) and ``quantwm-psac`` (RTN
+16·K_eff/L`` (centroids) ``+ 8·r/D`` (PSAC coefficients) ``+ 16·r/L`` (basis) ``+ 16/(g·L)``
+(noise scales) bits per key element; values ``B + 24/g``. Ablations: ``quantwm-qsac`` (QSAC alone) and ``quantwm-psac`` (RTN
 keys + PSAC). Not reproduced: anything in QuantWM's full text beyond its abstract; no kernels.
 """
 
@@ -63,6 +69,7 @@ from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor
 
 CENTROID_DTYPE = torch.bfloat16
 BASIS_DTYPE = torch.bfloat16
+NOISE_DTYPE = torch.bfloat16
 MAX_CENTROIDS = 256  # uint8 ids
 
 
@@ -71,6 +78,24 @@ def to_fp8(x: torch.Tensor) -> torch.Tensor:
     if bool((x.abs() > FP8_MAX).any()):
         raise ValueError(f"a PSAC coefficient {float(x.abs().max()):.4g} exceeds FP8's {FP8_MAX}")
     return x.to(STEP_DTYPE)
+
+
+def projected_noise_scale(
+    second_moment: torch.Tensor, basis: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """``√ρ_j`` with ``ρ_j = Σ_{c∈j} (P Σ P)_cc / Σ_{c∈j} Σ_cc``, ``P = I − Uᵀ U``, in [0, 1].
+
+    ``second_moment`` ``Σ [N, D, D]``, ``basis`` ``U [N, r, D]`` (as stored) -> ``[N, D/g]``.
+    """
+    u = basis.float()
+    eye = torch.eye(u.shape[-1], dtype=torch.float32, device=u.device)
+    p = eye - u.transpose(1, 2) @ u
+    kept = (p @ second_moment.float() @ p).diagonal(dim1=-2, dim2=-1)
+    total = second_moment.float().diagonal(dim1=-2, dim2=-1)
+    groups = (kept.shape[0], kept.shape[1] // group_size, group_size)
+    num, den = kept.reshape(groups).sum(-1), total.reshape(groups).sum(-1)
+    rho = torch.where(den > 0, num / den.clamp_min(1e-30), 1.0).clamp(0.0, 1.0)
+    return rho.sqrt()
 
 
 def group_ranges(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -133,13 +158,15 @@ def qsac_cluster(
 class QuantWMTensor(QuantizedTensor):
     """QuantWM keys ``[..., L, D]``: the RTN-stored residual, uint8 ``ids [..., L]`` and BF16
     ``centroids [..., K, D]`` (QSAC; ``K = 0`` without it), FP8 ``coeffs [..., L, r]`` and BF16
-    ``basis [..., r, D]`` (PSAC; ``r = 0`` without it or without query history)."""
+    ``basis [..., r, D]`` (PSAC; ``r = 0`` without it or without query history) and BF16
+    ``noise_scale [..., G]`` (``√ρ_j``, module docstring; empty without PSAC)."""
 
     residual: GroupQuantized
     ids: torch.Tensor
     centroids: torch.Tensor
     coeffs: torch.Tensor
     basis: torch.Tensor
+    noise_scale: torch.Tensor
     shape: torch.Size
     dtype: torch.dtype
 
@@ -148,12 +175,19 @@ class QuantWMTensor(QuantizedTensor):
         if self.centroids.shape[-2]:
             held |= {"cluster_ids": self.ids, "centroids": self.centroids}
         if self.basis.shape[-2]:
-            held |= {"psac_coeffs": self.coeffs, "psac_basis": self.basis}
+            held |= {
+                "psac_coeffs": self.coeffs,
+                "psac_basis": self.basis,
+                "psac_noise_scale": self.noise_scale,
+            }
         return held
 
     @property
     def step(self) -> torch.Tensor:
-        return self.residual.step
+        """The residual's steps, scaled by ``√ρ_j`` under PSAC (module docstring)."""
+        if not self.basis.shape[-2]:
+            return self.residual.step
+        return self.residual.step * self.noise_scale.float().unsqueeze(-2)
 
     def smoothing(self) -> torch.Tensor:
         """``c_a`` per token ``[..., L, D]`` (float32; zeros without QSAC)."""
@@ -244,17 +278,21 @@ class QuantWM(KVMethod):
         rank = self.rank if self.psac and not queries.empty else 0
         basis = rows.new_zeros(n, 0, dim, dtype=BASIS_DTYPE)
         coeffs = rows.new_zeros(n, length, 0, dtype=STEP_DTYPE)
+        noise_scale = rows.new_zeros(n, 0, dtype=NOISE_DTYPE)
         if rank:
             basis = queries.subspace(rank).reshape(n, dim, rank).transpose(1, 2)
             basis = basis.to(BASIS_DTYPE)  # [N, r, D]
             error = rows - smooth - residual.dequantize().float().reshape(n, length, dim)
             coeffs = to_fp8(error @ basis.float().transpose(1, 2))  # [N, L, r]
+            sigma = (queries.moment / queries.count).reshape(n, dim, dim)
+            noise_scale = projected_noise_scale(sigma, basis, self.group_size).to(NOISE_DTYPE)
         return QuantWMTensor(
             residual=residual,
             ids=ids.to(torch.uint8).reshape(*lead, length),
             centroids=cents.reshape(*lead, cents.shape[1], dim),
             coeffs=coeffs.reshape(*lead, length, coeffs.shape[-1]),
             basis=basis.reshape(*lead, basis.shape[1], dim),
+            noise_scale=noise_scale.reshape(*lead, noise_scale.shape[-1]),
             shape=x.shape,
             dtype=x.dtype,
         )
