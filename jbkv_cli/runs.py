@@ -108,7 +108,7 @@ def parse_record(data: Any, path: Path) -> dict[str, Any]:
         and isinstance(data.get("diagnostics"), dict | None)
     )
     _expect(ok, path, "video record")
-    diag = data["diagnostics"] or {}
+    diag = data.get("diagnostics") or {}
     _expect(all(v is None or _is_number(v) for v in diag.values()), path, "video record")
     return data
 

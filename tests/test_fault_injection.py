@@ -191,8 +191,13 @@ def test_injected_enospc_in_every_writer(tmp_path, monkeypatch):
 # --- damaged files -------------------------------------------------------------------------------
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+# derandomized: CI sees the same 60 examples every run (no flaky gate); what a random run once
+# found is pinned as a plain test below
 FUZZ = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
 
@@ -276,6 +281,15 @@ def test_run_parsers_on_damaged_files(tmp_path, which, cut, flips):
         opened.records("bf16")
     except JbkvError as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_record_whose_diagnostics_key_was_damaged_reads_as_no_diagnostics(tmp_path):
+    """Found by the fuzzer: a flipped byte in the key name left a record without
+    ``diagnostics`` (a KeyError traceback then)."""
+    damaged = {k if k != "diagnostics" else "diagnostic\u00f3s": v for k, v in RECORD.items()}
+    run = _run_folder(tmp_path, json.dumps(MANIFEST).encode(), json.dumps(damaged).encode())
+    (record,) = RunDir.open(run).records("bf16")
+    assert record["prompt"] == RECORD["prompt"]
 
 
 @FUZZ
