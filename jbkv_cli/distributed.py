@@ -9,6 +9,8 @@ everything else as it was. Then:
   (:func:`from_rank0` broadcasts its result, or its error);
 - every rank takes its share of that list (:func:`shard`: round-robin, deterministic) and writes
   only its own files into the shared run directory;
+- a rank that needs another rank's file (a reference video, to score against) waits for it
+  (:func:`wait_until`);
 - the ranks meet again (:func:`wait_for_peers`, then :func:`gather`) and rank 0 merges and prints
   (the others' stdout and stderr consoles are muted; their one-line errors still show).
 
@@ -286,25 +288,46 @@ def wait_for_peers(what: str) -> None:
     _state.waits += 1
     key = f"jbkv/wait/{_state.waits}"
     _store_call(what, lambda s: (s.set(f"{key}/{rank()}", "1"), s.add(key, 1)))
+
+    def stalled() -> str:
+        missing = [
+            r
+            for r in range(world_size())
+            if not _store_call(what, lambda s, r=r: s.check([f"{key}/{r}"]))
+        ]
+        return f"rank(s) {', '.join(map(str, missing))}"
+
+    wait_until(
+        lambda: int(_store_call(what, lambda s: s.add(key, 0))) >= world_size(), what, stalled
+    )
+
+
+def wait_until(
+    ready: Callable[[], bool], what: str, stalled: Callable[[], str] | None = None
+) -> None:
+    """Return once ``ready()`` is true (polled), e.g. a file another rank is writing exists.
+
+    Gives up when a rank reports a failure, or when no rank has made progress (:func:`beat`) for
+    ``JBKV_DIST_TIMEOUT`` seconds; ``stalled()`` names whom that error blames (by default no
+    one: "no rank made progress"). Alone, nobody else can make ``ready()`` true: false is an error at once.
+    """
+    if not active():
+        if not ready():
+            raise JbkvError(f"{what}: no other process can make it")
+        return
     last, since = None, time.monotonic()
-    while True:
+    while not ready():
         note = _failure_note()
         if note:
             raise JbkvError(f"stopped while {what}: {note} (see its error)")
-        if int(_store_call(what, lambda s: s.add(key, 0))) >= world_size():
-            return
         beats = int(_store_call(what, lambda s: s.add(_BEAT, 0)))
         if beats != last:
             last, since = beats, time.monotonic()
         elif time.monotonic() - since > _state.timeout:
-            missing = [
-                r
-                for r in range(world_size())
-                if not _store_call(what, lambda s, r=r: s.check([f"{key}/{r}"]))
-            ]
+            who = f"{stalled()} made no" if stalled else "no rank made"
             raise JbkvError(
-                f"timed out while {what}: rank(s) {', '.join(map(str, missing))} made no progress "
-                f"for {_state.timeout:.0f} s (hung?; raise {TIMEOUT_ENV} if one step takes longer)"
+                f"timed out while {what}: {who} progress for {_state.timeout:.0f} s "
+                f"(hung?; raise {TIMEOUT_ENV} if one step takes longer)"
             )
         time.sleep(POLL_S)
 

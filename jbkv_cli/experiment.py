@@ -1,8 +1,9 @@
-"""The experiment: generate every (variant, prompt, seed) into a run, then score it.
+"""The experiment: generate every (variant, prompt, seed) into a run, scoring as it goes.
 
 Data flows one way: matrix of KVSpecs -> model.generate (with an attention recorder as its
 observer) -> run directory -> paired fidelity against the reference variant -> rows for the
-report.
+report. Each quantized video is scored as soon as it and its reference exist (:class:`Scoring`),
+by the process (rank) that generated it, not after all generation.
 """
 
 from __future__ import annotations
@@ -116,12 +117,25 @@ def generate_all(
     *,
     diagnostics: bool = True,
     show_progress: bool = True,
+    scoring: Scoring | None = None,
 ) -> GenerationSummary:
     """Generate every (variant, prompt, seed) of ``items`` = [(prompt, seeds)] that is missing;
     finished videos are skipped (resumable). The reference goes first for each (prompt, seed).
 
-    Under torchrun, rank 0 registers the work and lists what is missing; each rank generates
-    its share (:func:`_split`) and the summary counts every rank's videos.
+    With ``scoring``, the order of work of each process is:
+
+    1. rank 0 (or the one process) lists the missing videos, and the finished videos without a
+       score (a killed job's: their references exist, or are among the missing videos);
+    2. each rank takes its share of the missing videos (:func:`_split`: references first) and of
+       the unscored ones (dealt out by reference), and generates its videos one by one; after
+       each one it scores every video of its own whose reference exists by now (the one just
+       made, usually), never waiting;
+    3. it then waits for the references it still lacks (other ranks make them; the wait is
+       progress-aware, :func:`distributed.wait_until`) and scores the rest;
+    4. the ranks meet, the summary counts every rank's videos, and rank 0 merges the ranks'
+       score shards. One process has nothing to wait for or merge.
+
+    Every video is scored exactly once, by the rank that generated it or was dealt it.
     """
     items = [(check_prompt(p), seeds) for p, seeds in items]
 
@@ -129,17 +143,26 @@ def generate_all(
         pairs = list(zip(specs, vids, strict=True))
         return [(s, v, p, seed) for p, seeds in items for seed in seeds for s, v in pairs]
 
-    def missing() -> tuple[dict[str, Any], list[str], list[int]]:
+    def missing() -> tuple[dict[str, Any], list[str], list[int], list[Pair]]:
         run.register([p for p, _ in items], sorted({s for _, seeds in items for s in seeds}))
         vids = [run.ensure_variant(spec) for spec in specs]
+        jobs = jobs_of(vids)
         todo = [
             i
-            for i, (_, vid, prompt, seed) in enumerate(jobs_of(vids))
+            for i, (_, vid, prompt, seed) in enumerate(jobs)
             if not run.is_done(vid, video_name(prompt, run.index_of(seed)))
         ]
-        return run.manifest, vids, todo
+        planned = {
+            video_name(jobs[i][2], run.index_of(jobs[i][3]))
+            for i in todo
+            if jobs[i][0].is_reference
+        }
+        unscored = scoring.missing(planned) if scoring else []
+        return run.manifest, vids, todo, unscored
 
-    run.manifest, vids, todo = distributed.from_rank0(missing, "listing the videos to make")
+    run.manifest, vids, todo, unscored = distributed.from_rank0(
+        missing, "listing the videos to make"
+    )
     jobs = jobs_of(vids)
     mine = _split(jobs, todo)
     summary = GenerationSummary(skipped=len(jobs) - len(todo) if distributed.is_main() else 0)
@@ -151,6 +174,8 @@ def generate_all(
             else None
         )
         chunk_task = progress.add_task("chunks", total=1) if progress else None
+        if scoring:
+            scoring.start(_deal(unscored), progress)
         for spec, vid, prompt, seed in mine:
             name = video_name(prompt, run.index_of(seed))
             if progress:
@@ -164,8 +189,15 @@ def generate_all(
             summary.peak_kv_bytes = max(summary.peak_kv_bytes, record["kv_cache_bytes"])
             if progress:
                 progress.advance(videos_task)
-    distributed.wait_for_peers("generating")
-    return _combine(distributed.gather(summary, "counting the videos"))
+            if scoring and vid != run.reference:
+                scoring.add(vid, name, record)
+        if scoring:
+            scoring.finish()
+    distributed.wait_for_peers("generating and scoring" if scoring else "generating")
+    combined = _combine(distributed.gather(summary, "counting the videos"))
+    if scoring:
+        scoring.merge()
+    return combined
 
 
 def _split(jobs: list[Job], todo: list[int]) -> list[Job]:
@@ -228,69 +260,141 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
     return record
 
 
-def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = True) -> str:
-    """Paired PSNR/SSIM/LPIPS of every finished video against the reference; resumable.
+Pair = tuple[str, str, int | None]  # (variant, video name, chunk frames)
 
-    Per-chunk (drift) scores use each video's chunk length (:func:`chunk_frames_of`). Under
-    torchrun rank 0 lists the missing pairs, each rank scores the pairs of its share of the
-    references (each reference is decoded by one rank) into its own shard files
-    (:mod:`jbkv_cli.metric_shards`), and rank 0 merges them once every rank is done.
+
+class Scoring:
+    """Paired PSNR/SSIM/LPIPS of a run's videos against the reference of the same prompt and
+    seed, each scored as soon as both videos exist.
+
+    Order of work: :meth:`start` queues the pairs this process was dealt, :meth:`add` each video
+    it generates; :meth:`score_ready` (called by both) scores every queued pair whose reference
+    is done and never waits; :meth:`finish` waits for the references still missing (made by
+    other ranks) and scores the rest; :meth:`merge` (rank 0, after the ranks met) folds the
+    ranks' shards into the variants' metrics files. Each score is saved right away
+    (:func:`save_scores`: atomically, to this rank's shard, or alone to the variant's file), so
+    a kill loses at most the video being scored, which the next run scores.
+    """
+
+    def __init__(self, run: RunDir, *, lpips: bool = True) -> None:
+        self.run = run
+        self.scorer, self.status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
+        self._pending: list[Pair] = []
+        self._ref: tuple[str, torch.Tensor] | None = None  # the last reference decoded
+        self._progress: Progress | None = None
+        self._task = None
+        self._total = 0
+
+    def missing(self, planned: Iterable[str] = ()) -> list[Pair]:
+        """Finished videos without a current score whose reference is done or ``planned`` (a
+        video name this job makes the reference of), after merging the shards a killed torchrun
+        job left. Rank 0 lists them for everyone."""
+        run = self.run
+        merge_shards(run, "fidelity")
+        reference = run.reference
+        refs = {video_name(r["prompt"], r["index"]) for r in run.records(reference)}
+        refs |= set(planned)
+        settings = run.manifest.get("settings", {})
+        todo = []
+        for vid in run.variants():
+            if vid == reference:
+                continue
+            done = run.read_metrics("fidelity", vid)
+            for rec in run.records(vid):
+                name = video_name(rec["prompt"], rec["index"])
+                if name in refs and (name not in done or _stale(done[name], self.scorer)):
+                    todo.append((vid, name, chunk_frames_of(rec, settings)))
+        return todo
+
+    def start(self, pairs: list[Pair], progress: Progress | None = None) -> None:
+        """Queue ``pairs`` (this process's share) and score those that are ready."""
+        self._progress = progress
+        if progress:
+            self._task = progress.add_task("fidelity", total=0)
+        self._queue(pairs)
+
+    def add(self, vid: str, name: str, record: dict[str, Any]) -> None:
+        """Queue a video this process just generated, and score what is ready."""
+        settings = self.run.manifest.get("settings", {})
+        self._queue([(vid, name, chunk_frames_of(record, settings))])
+
+    def _queue(self, pairs: list[Pair]) -> None:
+        self._pending += pairs
+        self._total += len(pairs)
+        if self._progress:
+            self._progress.update(self._task, total=self._total)
+        self.score_ready()
+
+    def score_ready(self) -> None:
+        """Score every queued pair whose reference is done (grouped by reference, so each is
+        decoded once); never waits."""
+        ready = sorted((p for p in self._pending if self._ready(p)), key=lambda p: p[1])
+        for pair in ready:
+            self._score(*pair)
+            self._pending.remove(pair)
+
+    def finish(self) -> None:
+        """Score every queued pair, waiting for references other ranks are still making."""
+        self.score_ready()
+        while self._pending:
+            distributed.wait_until(
+                lambda: any(map(self._ready, self._pending)),
+                "waiting for reference videos that other ranks make",
+            )
+            self.score_ready()
+
+    def merge(self) -> None:
+        """Rank 0 of a torchrun job, after the ranks met: merge every rank's score shards."""
+        if distributed.active() and distributed.is_main():
+            merge_shards(self.run, "fidelity")
+
+    def _ready(self, pair: Pair) -> bool:
+        return self.run.is_done(self.run.reference, pair[1])
+
+    def _score(self, vid: str, name: str, chunk_frames: int | None) -> None:
+        run = self.run
+        if self._ref is None or self._ref[0] != name:
+            self._ref = (name, run.load_frames(run.reference, name))
+        s = compare_videos(
+            self._ref[1],
+            run.load_frames(vid, name),
+            0,
+            self.scorer,
+            name=name,
+            chunk_frames=chunk_frames,
+        )
+        entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
+        save_scores(run, "fidelity", vid, {name: entry})
+        distributed.beat()
+        if self._progress:
+            self._progress.advance(self._task)
+
+
+def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = True) -> str:
+    """Score every finished video of ``run`` that has no current score (``report --score``;
+    resumable). Per-chunk (drift) scores use each video's chunk length (:func:`chunk_frames_of`).
+    Under torchrun rank 0 lists the missing pairs and deals them out by reference (each reference
+    is decoded by one rank); each rank writes its own shard files (:mod:`jbkv_cli.metric_shards`)
+    and rank 0 merges them once every rank is done.
 
     Returns the LPIPS status line (its description, or why it is unavailable).
     """
-    scorer, status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
-    reference = run.reference
-    todo = distributed.from_rank0(
-        lambda: _missing_scores(run, scorer), "listing the pairs to score"
-    )
-    mine_refs = set(distributed.shard(list(dict.fromkeys(name for _, name, _ in todo))))
-    mine = [job for job in todo if job[1] in mine_refs]
-    ref_cache: dict[str, torch.Tensor] = {}
+    scoring = Scoring(run, lpips=lpips)
+    todo = distributed.from_rank0(scoring.missing, "listing the pairs to score")
+    mine = _deal(todo)
     with _progress(show_progress and bool(mine)) as progress:
-        task = progress.add_task("fidelity", total=len(mine)) if progress else None
-        for vid in dict.fromkeys(v for v, _, _ in mine):
-            scores = {}
-            for v, name, chunk_frames in mine:
-                if v != vid:
-                    continue
-                if name not in ref_cache:
-                    ref_cache[name] = run.load_frames(reference, name)
-                s = compare_videos(
-                    ref_cache[name],
-                    run.load_frames(vid, name),
-                    0,
-                    scorer,
-                    name=name,
-                    chunk_frames=chunk_frames,
-                )
-                scores[name] = s.to_dict(per_frame=True) | {"lpips_status": status}
-                distributed.beat()
-                if progress:
-                    progress.advance(task)
-            save_scores(run, "fidelity", vid, scores)
+        scoring.start(mine, progress)
+        scoring.finish()
     distributed.wait_for_peers("scoring")
-    if distributed.active() and distributed.is_main():
-        merge_shards(run, "fidelity")
-    return status
+    scoring.merge()
+    return scoring.status
 
 
-def _missing_scores(run: RunDir, scorer) -> list[tuple[str, str, int | None]]:
-    """(variant, video, chunk frames) of every finished video without a current score, after
-    merging the shards an interrupted torchrun job left."""
-    merge_shards(run, "fidelity")
-    reference = run.reference
-    refs = {r["prompt"] + f"-{r['index']}": r for r in run.records(reference)}
-    settings = run.manifest.get("settings", {})
-    todo = []
-    for vid in run.variants():
-        if vid == reference:
-            continue
-        done = run.read_metrics("fidelity", vid)
-        for rec in run.records(vid):
-            name = video_name(rec["prompt"], rec["index"])
-            if name in refs and (name not in done or _stale(done[name], scorer)):
-                todo.append((vid, name, chunk_frames_of(rec, settings)))
-    return todo
+def _deal(pairs: list[Pair]) -> list[Pair]:
+    """This rank's share of ``pairs``: those of its share of their references (round-robin), so
+    each reference is decoded by one rank."""
+    mine = set(distributed.shard(list(dict.fromkeys(name for _, name, _ in pairs))))
+    return [p for p in pairs if p[1] in mine]
 
 
 def _stale(entry: dict[str, Any], scorer) -> bool:

@@ -202,3 +202,34 @@ def test_abort_writes_the_one_line_error_for_torchrun(tmp_path, monkeypatch, no_
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
     distributed.abort(JbkvError("cannot write x: Is a directory"))
     assert json.loads(path.read_text())["message"] == "cannot write x: Is a directory"
+
+
+def test_waiting_for_a_file_another_rank_makes(store, clock):
+    """:func:`distributed.wait_until` returns once the file is there, as long as ranks beat."""
+    polls = iter(range(10_000))
+    there = {"ref": False}
+
+    def peer() -> None:
+        n = next(polls)
+        if n % 5 == 0:
+            store.add("jbkv/beat", 1)
+        if n == 60:  # 1.2 s: two timeouts, but never one without progress
+            there["ref"] = True
+
+    clock.peer = peer
+    distributed.wait_until(lambda: there["ref"], "waiting for a reference")
+    assert there["ref"] and clock.now > 1.2
+
+
+def test_waiting_for_a_file_stops_on_no_progress_and_on_a_failed_rank(store, clock, as_rank):
+    with pytest.raises(JbkvError, match=r"timed out while waiting: no rank made progress for 1 s"):
+        distributed.wait_until(lambda: False, "waiting")
+    store.set("jbkv/failed", "rank 1/2 failed")
+    with pytest.raises(JbkvError, match=r"stopped while waiting: rank 1/2 failed"):
+        distributed.wait_until(lambda: False, "waiting")
+
+
+def test_one_process_never_waits_for_a_file(no_torchrun):
+    distributed.wait_until(lambda: True, "waiting")
+    with pytest.raises(JbkvError, match="no other process can make it"):
+        distributed.wait_until(lambda: False, "waiting")

@@ -3,6 +3,12 @@
 - quantize-eval on 2 ranks gives the rows (every metric) and the video bytes of one process;
   both ranks made videos and none was made twice (per-rank counts add up to the total, each
   record names its rank);
+- scoring streams: each rank scores its videos while it is still generating (a video as soon as
+  it and its reference exist), every video once, and rank 0 merges only after every rank's
+  scores are written; one process scores each video right after making it (the order of the
+  files they commit, logged by ``tests/write_log/sitecustomize.py``);
+- videos generated but not scored (a kill between the two) are scored on resume, also when
+  their reference is made by another rank during the resumed job;
 - fidelity on 2 ranks gives the JSON of one process;
 - ``kill -9`` of one rank mid-run fails the job; one process resumes it to identical results;
 - ``kill -9`` of a single process mid-run; 2 ranks resume it to identical results;
@@ -35,14 +41,25 @@ VIDEOS = 2 * 4 * 3  # prompts x seeds x (reference, int2, int2 + taylor)
 RECORD_TIMING = {"seconds", "diagnostics_seconds", "rank", "world_size"}
 
 
-def _env() -> dict[str, str]:
+WRITE_LOG_HOOK = Path(__file__).parent / "write_log"
+
+
+def _env(write_log: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if write_log is not None:  # log the files the job commits, in order
+        path = os.pathsep.join(filter(None, [str(WRITE_LOG_HOOK), env.get("PYTHONPATH")]))
+        env |= {"PYTHONPATH": path, "JBKV_TEST_WRITE_LOG": str(write_log)}
     return env | {"JBKV_DIST_TIMEOUT": "120"}
 
 
-def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=_env(), timeout=300
+        [JBKV, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_env(log),
+        timeout=300,
     )
 
 
@@ -50,9 +67,9 @@ def _torchrun_cmd(*args: object) -> list[str]:
     return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
 
 
-def _torchrun(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+def _torchrun(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        _torchrun_cmd(*args), capture_output=True, text=True, cwd=cwd, env=_env(), timeout=300
+        _torchrun_cmd(*args), capture_output=True, text=True, cwd=cwd, env=_env(log), timeout=300
     )
 
 
@@ -85,9 +102,9 @@ def _leftovers(run: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("torchrun")
-    one = _jbkv(*EVAL, "--out", "one", "--json", "one.json", cwd=root)
+    one = _jbkv(*EVAL, "--out", "one", "--json", "one.json", cwd=root, log=root / "one.log")
     assert one.returncode == 0, one.stderr
-    two = _torchrun(*EVAL, "--out", "two", "--json", "two.json", cwd=root)
+    two = _torchrun(*EVAL, "--out", "two", "--json", "two.json", cwd=root, log=root / "two.log")
     assert two.returncode == 0, two.stderr
     return root, two
 
@@ -119,6 +136,97 @@ def test_both_ranks_worked_and_no_video_was_made_twice(runs):
     assert made == [by_rank[0], by_rank[1]]
     one = _records(root / "one/tiny").values()
     assert {(r["rank"], r["world_size"]) for r in one} == {(0, 1)}
+
+
+def _commits(log: Path) -> list[dict]:
+    """The files a job committed, in order: rank, kind (record: a video is done; shard: a
+    rank's scores; metrics: a variant's merged scores), variant, video names in it."""
+    out = []
+    for line in log.read_text().splitlines():
+        e = json.loads(line)
+        path = Path(e["path"])
+        if "/metrics/shards/fidelity/" in e["path"]:
+            kind = "shard"
+        elif "/metrics/fidelity/" in e["path"]:
+            kind = "metrics"
+        elif path.parent.parent.name == "videos" and path.suffix == ".json":
+            kind = "record" if path.name != "variant.json" else "variant"
+        else:
+            continue
+        vid = path.stem if kind == "metrics" else path.parent.name
+        out.append(dict(rank=int(e["rank"]), kind=kind, vid=vid, name=path.stem, keys=e["keys"]))
+    return out
+
+
+def _scored_once(commits: list[dict]) -> Counter:
+    """(variant, video) -> how often a rank scored it; each shard write must add one video."""
+    held: dict[tuple[int, str], set[str]] = {}
+    scored: Counter = Counter()
+    for c in commits:
+        if c["kind"] != "shard":
+            continue
+        before = held.get((c["rank"], c["vid"]), set())
+        added = set(c["keys"]) - before
+        assert before <= set(c["keys"]) and len(added) == 1, c
+        held[(c["rank"], c["vid"])] = set(c["keys"])
+        scored[(c["vid"], added.pop())] += 1
+    return scored
+
+
+def test_ranks_score_while_generating_each_video_once_then_rank0_merges(runs):
+    root, _ = runs
+    commits = _commits(root / "two.log")
+    for rank in (0, 1):  # one rank's lines are in its program order
+        kinds = [c["kind"] for c in commits if c["rank"] == rank]
+        last_video = max(i for i, k in enumerate(kinds) if k == "record")
+        assert "shard" in kinds[:last_video], f"rank {rank} scored only after generating"
+    scored = _scored_once(commits)
+    assert len(scored) == VIDEOS * 2 // 3 and set(scored.values()) == {1}
+    records = _records(root / "two/tiny")
+    for c in commits:  # each video is scored by the rank that made it
+        if c["kind"] == "shard":
+            assert all(
+                records[f"videos/{c['vid']}/{n}.json"]["rank"] == c["rank"] for n in c["keys"]
+            )
+    shards = [i for i, c in enumerate(commits) if c["kind"] == "shard"]
+    merges = [i for i, c in enumerate(commits) if c["kind"] == "metrics"]
+    assert merges and min(merges) > max(shards)  # rank 0 merges after the ranks met
+    assert {commits[i]["rank"] for i in merges} == {0}
+
+
+def test_one_process_scores_each_video_right_after_making_it(runs):
+    root, _ = runs
+    commits = [c for c in _commits(root / "one.log") if c["kind"] in ("record", "metrics")]
+    variants = [
+        i for i, c in enumerate(commits) if c["kind"] == "record" and c["vid"] != "reference"
+    ]
+    assert len(variants) == VIDEOS * 2 // 3
+    held: dict[str, set[str]] = {}
+    for i in variants:  # the next file committed is the video's score, added to its variant's
+        made, scored = commits[i], commits[i + 1]
+        assert scored["kind"] == "metrics" and scored["vid"] == made["vid"], (made, scored)
+        assert set(scored["keys"]) == held.get(made["vid"], set()) | {made["name"]}
+        held[made["vid"]] = set(scored["keys"])
+    assert len([c for c in commits if c["kind"] == "metrics"]) == len(variants)  # once each
+
+
+def test_videos_made_but_not_scored_are_scored_on_resume(runs):
+    """``generate`` makes the INT2 videos without scoring them and without their references:
+    the state a kill between generating and scoring leaves. 2 ranks then make the references
+    and the other variant, and score the INT2 videos once, waiting for references the other
+    rank makes."""
+    root, _ = runs
+    made = _jbkv(
+        "generate", *SMALL, "--bits", "2", "--no-reference", "--out", "late/tiny", cwd=root
+    )
+    assert made.returncode == 0, made.stderr
+    r = _torchrun(*EVAL, "--out", "late", "--json", "late.json", cwd=root, log=root / "late.log")
+    assert r.returncode == 0, r.stderr
+    assert f"{VIDEOS * 2 // 3} videos generated, {VIDEOS // 3} already done" in r.stderr
+    assert _rows(root / "late.json") == _rows(root / "one.json")
+    scored = _scored_once(_commits(root / "late.log"))
+    assert len(scored) == VIDEOS * 2 // 3 and set(scored.values()) == {1}
+    assert not _leftovers(root / "late/tiny")
 
 
 def test_fidelity_on_two_ranks_matches_one_process(runs):

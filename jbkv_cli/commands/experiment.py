@@ -31,7 +31,14 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.experiment import ABLATIONS, build_matrix, generate_all, open_run, score_fidelity
+from jbkv_cli.experiment import (
+    ABLATIONS,
+    Scoring,
+    build_matrix,
+    generate_all,
+    open_run,
+    score_fidelity,
+)
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import VideoModel
@@ -394,9 +401,10 @@ def quantize_eval(
         _check_specs(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings)
-        summary = generate_all(m, run, model_specs, items)
+        scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
+        summary = generate_all(m, run, model_specs, items, scoring=scoring)
         _summary_line(summary, run)
-        status = score_fidelity(run, lpips=lpips)
+        status = scoring.status
         if vbench:
             _run_vbench(run)
         if distributed.is_main():  # under torchrun rank 0 alone renders and writes the report
