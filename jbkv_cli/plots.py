@@ -41,13 +41,17 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     series = sorted({p.series for _, pts in panels for p in pts})
+    # one colour per method (its corrected series share it: squares, dashed front)
+    methods = sorted({name.split(" + ")[0] for name in series})
+    palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
     for ax, (metric, pts) in zip(axes[0], panels, strict=True):
         higher = METRICS[metric]
-        for i, name in enumerate(series):
+        for name in series:
             mine = [p for p in pts if p.series == name]
             if not mine:
                 continue
-            color, dashed = f"C{i % 10}", " + " in name
+            color = palette(methods.index(name.split(" + ")[0]) % palette.N)
+            dashed = " + " in name
             ax.scatter(
                 [p.effective_bits for p in mine],
                 [p.value for p in mine],
