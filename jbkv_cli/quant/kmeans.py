@@ -24,6 +24,24 @@ from __future__ import annotations
 import torch
 
 DEFAULT_MAX_ELEMENTS = 1 << 22
+CENTROID_DTYPE = torch.bfloat16  # stored centroids (QVG, QuantWM)
+MAX_CENTROIDS = 256  # uint8 cluster ids
+
+
+def capped_centroids(k: int, tokens: int, tokens_per_centroid: int) -> int:
+    """``K_eff = min(k, tokens // tokens_per_centroid)`` (no cap for 0), at least 1, at most
+    ``tokens``: the centroids a chunk of ``tokens`` tokens stores."""
+    cap = tokens if tokens_per_centroid == 0 else tokens // tokens_per_centroid
+    return max(1, min(k, cap, tokens))
+
+
+def update_centroids(
+    sums: torch.Tensor, counts: torch.Tensor, centroids: torch.Tensor
+) -> torch.Tensor:
+    """Lloyd's update: each cluster's mean (``sums [N, k, D] / counts [N, k]``); an empty
+    cluster keeps its centroid."""
+    means = sums / counts.clamp_min(1.0).unsqueeze(-1)
+    return torch.where((counts > 0).unsqueeze(-1), means, centroids)
 
 
 def init_centroids(x: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
@@ -88,9 +106,7 @@ def kmeans(
         ids, sums, counts = assign_and_sum(x, centroids, max_elements)
         if previous is not None and torch.equal(ids, previous):
             break  # converged: the means below would equal the current centroids
-        filled = counts > 0
-        means = sums / counts.clamp_min(1.0).unsqueeze(-1)
-        centroids = torch.where(filled.unsqueeze(-1), means, centroids)
+        centroids = update_centroids(sums, counts, centroids)
         previous = ids
     return ids, centroids
 

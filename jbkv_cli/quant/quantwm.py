@@ -61,16 +61,21 @@ from typing import ClassVar
 import torch
 
 from jbkv_cli.quant.groupwise import FP8_MAX, RTN_BITS, STEP_DTYPE
-from jbkv_cli.quant.kmeans import DEFAULT_MAX_ELEMENTS, init_centroids
+from jbkv_cli.quant.kmeans import (
+    CENTROID_DTYPE,
+    DEFAULT_MAX_ELEMENTS,
+    MAX_CENTROIDS,
+    capped_centroids,
+    init_centroids,
+    update_centroids,
+)
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rtn import store_groups
 from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor
 
-CENTROID_DTYPE = torch.bfloat16
 BASIS_DTYPE = torch.bfloat16
 NOISE_DTYPE = torch.bfloat16
-MAX_CENTROIDS = 256  # uint8 ids
 
 
 def to_fp8(x: torch.Tensor) -> torch.Tensor:
@@ -145,10 +150,7 @@ def qsac_cluster(
     for _ in range(iters):
         ids = range_cost(x, cents, weight, group_size).argmin(-1)
         onehot = torch.nn.functional.one_hot(ids, k).to(torch.float32)  # [N, L, K]
-        counts = onehot.sum(1)
-        sums = onehot.transpose(1, 2) @ x
-        means = sums / counts.clamp_min(1.0).unsqueeze(-1)
-        cents = torch.where((counts > 0).unsqueeze(-1), means, cents)
+        cents = update_centroids(onehot.transpose(1, 2) @ x, onehot.sum(1), cents)
     stored = cents.to(CENTROID_DTYPE)
     ids = range_cost(x, stored.float(), weight, group_size).argmin(-1)
     return ids, stored
@@ -249,8 +251,7 @@ class QuantWM(KVMethod):
 
     def effective_centroids(self, tokens: int) -> int:
         """``K_eff`` for a chunk of ``tokens`` tokens."""
-        cap = tokens if self.tokens_per_centroid == 0 else tokens // self.tokens_per_centroid
-        return max(1, min(self.centroids, cap, tokens))
+        return capped_centroids(self.centroids, tokens, self.tokens_per_centroid)
 
     def _quantize(self, x: torch.Tensor, role: Role, queries: QueryStats) -> QuantizedTensor:
         if role == "value":

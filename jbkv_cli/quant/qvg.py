@@ -70,12 +70,15 @@ from jbkv_cli.quant.groupwise import (
     round_up_fp8,
     unpack_codes,
 )
-from jbkv_cli.quant.kmeans import DEFAULT_MAX_ELEMENTS, kmeans
+from jbkv_cli.quant.kmeans import (
+    CENTROID_DTYPE,
+    DEFAULT_MAX_ELEMENTS,
+    MAX_CENTROIDS,
+    capped_centroids,
+    kmeans,
+)
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.tensor import QuantizedTensor
-
-CENTROID_DTYPE = torch.bfloat16
-MAX_CENTROIDS = 256  # uint8 cluster ids
 
 
 def symmetric_levels(bits: int) -> int:
@@ -202,8 +205,7 @@ class QVG(KVMethod):
 
     def effective_centroids(self, tokens: int) -> int:
         """``K_eff`` for a chunk of ``tokens`` tokens."""
-        cap = tokens if self.tokens_per_centroid == 0 else tokens // self.tokens_per_centroid
-        return max(1, min(self.centroids, cap, tokens))
+        return capped_centroids(self.centroids, tokens, self.tokens_per_centroid)
 
     def _quantize(self, x: torch.Tensor, role: Role) -> QVGTensor:
         lead, (length, dim) = x.shape[:-2], x.shape[-2:]

@@ -9,9 +9,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from jbkv_cli.cli import app
 from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.quant import METHODS, KVMethod, RawTensor, build_method, register_method
 from jbkv_cli.quant.method import Role
@@ -102,35 +100,12 @@ class Truncate(KVMethod):
         return RawTensor((torch.round(x / step) * step).to(torch.float16).to(x.dtype))
 
 
-def test_a_method_registered_from_outside_runs_through_quantize_eval(tmp_path):
+def test_a_method_registered_from_outside_runs_through_quantize_eval(quick_eval):
     register_method(Truncate)
     try:
-        result = CliRunner().invoke(
-            app,
-            [
-                "quantize-eval",
-                "--quantizers",
-                "rtn,toy-truncate",
-                "--bits",
-                "2",
-                "--corrections",
-                "none",
-                "--prompt",
-                "a red circle moves right on a dark background",
-                "--num-chunks",
-                "2",
-                "--steps",
-                "1",
-                "--no-lpips",
-                "--no-plots",
-                "--out",
-                str(tmp_path),
-                "--json",
-                str(tmp_path / "r.json"),
-            ],
+        rows = quick_eval(
+            "--quantizers", "rtn,toy-truncate", "--bits", "2", "--corrections", "none"
         )
-        assert result.exit_code == 0, result.output
-        rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
         toy = rows["int2-toy-truncate-g32"]
         assert toy["quantizer"] == "toy-truncate" and toy["psnr"]["mean"] > 10
         assert list(rows) == [

@@ -5,13 +5,9 @@ Statistical claims use fixed seeds; each tolerance is stated next to its asserti
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from jbkv_cli.cli import app
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import build_method
 from jbkv_cli.quant.kmeans import kmeans
@@ -288,35 +284,10 @@ def test_deterministic_and_ids():
         build_method("quantwm", 2, 32, rank=65).quantize(_keys(), "key")
 
 
-def test_quantize_eval_runs_quantwm_on_the_tiny_model(tmp_path):
-    result = CliRunner().invoke(
-        app,
-        [
-            "quantize-eval",
-            "--quantizers",
-            "quantwm",
-            "--bits",
-            "2",
-            "--corrections",
-            "none",
-            "--num-chunks",
-            "2",
-            "--steps",
-            "1",
-            "--prompt",
-            "a red circle moves right on a dark background",
-            "--no-lpips",
-            "--no-plots",
-            "-M",
-            "quantwm.rank=4",
-            "--out",
-            str(tmp_path),
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
+def test_quantize_eval_runs_quantwm_on_the_tiny_model(quick_eval):
+    rows = quick_eval(
+        "--quantizers", "quantwm", "--bits", "2", "--corrections", "none", "-M", "quantwm.rank=4"
     )
-    assert result.exit_code == 0, result.output
-    rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
     row = rows["int2-quantwm-g32-r4"]
     assert row["quantizer"] == "quantwm"
     assert 2.75 < row["effective_bits"] < 4.5

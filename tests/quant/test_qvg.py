@@ -9,10 +9,8 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from jbkv_cli.attention.correction import taylor_bias
-from jbkv_cli.cli import app
 from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.quant import build_method, quantize_kv
 from jbkv_cli.quant.groupwise import unpack_codes
@@ -272,35 +270,10 @@ def test_group_size_must_divide_the_head_dim():
         QVG(2, 64).quantize(torch.full((4, 64), 1000.0) * torch.tensor([1.0, -1, 1, -1])[:, None])
 
 
-def test_quantize_eval_runs_qvg_with_the_correction(tmp_path):
-    result = CliRunner().invoke(
-        app,
-        [
-            "quantize-eval",
-            "--quantizers",
-            "qvg",
-            "--bits",
-            "2",
-            "--group-sizes",
-            "64",
-            "--corrections",
-            "none,taylor",
-            "--num-chunks",
-            "2",
-            "--steps",
-            "1",
-            "--prompt",
-            "a red circle moves right on a dark background",
-            "--no-lpips",
-            "--no-plots",
-            "--out",
-            str(tmp_path),
-            "--json",
-            str(tmp_path / "r.json"),
-        ],
+def test_quantize_eval_runs_qvg_with_the_correction(quick_eval):
+    rows = quick_eval(
+        "--quantizers", "qvg", "--bits", "2", "--group-sizes", "64", "--corrections", "none,taylor"
     )
-    assert result.exit_code == 0, result.output
-    rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
     assert list(rows) == ["reference", "int2-qvg-g64", "int2-qvg-g64-taylor"]
     for vid in ("int2-qvg-g64", "int2-qvg-g64-taylor"):
         row = rows[vid]
