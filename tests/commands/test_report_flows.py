@@ -226,40 +226,12 @@ def test_model_scoped_options(tmp_path):
 def test_correction_gains_keep_method_options_apart(tmp_path):
     """KIVI with two residual lengths: each corrected variant is paired with its own uncorrected
     one, and labelled with its option."""
-    result = invoke(
-        "quantize-eval",
-        "--quantizers",
-        "kivi",
-        "--bits",
-        "2,4",
-        "--prompt",
-        PROMPT,
-        *TINY,
-        "--no-lpips",
-        "--no-plots",
-        "--out",
-        tmp_path,
-        "--json",
-        tmp_path / "r.json",
-    )
+    common = ["--prompt", PROMPT, *TINY, "--no-lpips", "--no-plots", "--out", tmp_path]
+    common += ["--json", tmp_path / "r.json"]
+    result = invoke("quantize-eval", "--quantizers", "kivi", "--bits", "2,4", *common)
     assert result.exit_code == 0, result.output
     again = invoke(
-        "quantize-eval",
-        "--quantizers",
-        "kivi",
-        "-M",
-        "kivi.residual=0",
-        "--bits",
-        "2,4",
-        "--prompt",
-        PROMPT,
-        *TINY,
-        "--no-lpips",
-        "--no-plots",
-        "--out",
-        tmp_path,
-        "--json",
-        tmp_path / "r.json",
+        "quantize-eval", "--quantizers", "kivi", "-M", "kivi.residual=0", "--bits", "2,4", *common
     )
     assert again.exit_code == 0, again.output
     gains = json.loads((tmp_path / "r.json").read_text())["correction_gains"]
