@@ -160,9 +160,11 @@ def test_pickle_weights_are_refused_by_name(tmp_path):
 def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path):
     """SIGINT at several moments of start-up (imports take over a second): never a traceback,
     and an interrupted start-up is one line with exit 130. (A library may swallow an interrupt
-    inside its own import, and a late signal may miss start-up: those runs just finish.)"""
+    inside its own import, and a late signal may miss start-up: those runs just finish, or die of
+    the signal while the interpreter shuts down, silently.) An interrupt inside torch's own import
+    once aborted the process from C++ (signal 6): that is what the deferral in ``entry.py`` fixes."""
     codes = []
-    for delay in (0.15, 0.3, 0.6, 0.9):
+    for delay in (0.15, 0.4, 0.8, 1.2, 1.6):
         proc = interruptible([JBKV, "quantize-eval", "--help"], tmp_path)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
@@ -172,7 +174,7 @@ def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path):
         if proc.returncode == 130:
             assert len(err.splitlines()) == 1 and "interrupted" in err, err
         else:
-            assert proc.returncode == 0 and err == "", (delay, proc.returncode, err)
+            assert proc.returncode in (0, -signal.SIGINT) and err == "", (delay, proc.returncode, err)
     assert 130 in codes, codes
 
 
