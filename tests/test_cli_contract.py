@@ -174,7 +174,11 @@ def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path):
         if proc.returncode == 130:
             assert len(err.splitlines()) == 1 and "interrupted" in err, err
         else:
-            assert proc.returncode in (0, -signal.SIGINT) and err == "", (delay, proc.returncode, err)
+            assert proc.returncode in (0, -signal.SIGINT) and err == "", (
+                delay,
+                proc.returncode,
+                err,
+            )
     assert 130 in codes, codes
 
 
