@@ -42,7 +42,13 @@ from jbkv_cli.experiment import (
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import VideoModel
-from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, check_prompts, load_model
+from jbkv_cli.models.registry import (
+    DEFAULT_MODEL,
+    MODELS,
+    check_prompts,
+    check_prunable,
+    load_model,
+)
 from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.prune.registry import build_pruner, pruner_names
 from jbkv_cli.quant.registry import method_names
@@ -100,13 +106,17 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
                 raise UsageError(f"{method.label} on {model.name}: {exc}") from None
 
 
+def _pruners_fit(name: str, specs: list[KVSpec]) -> None:
+    """Refuse, before loading model ``name``, pruners it cannot run."""
+    for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
+        check_prunable(name, pruner.name)
+
+
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
     for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
-        layout = getattr(model, "head_layout", None)
-        if layout is None:
-            raise UsageError(f"{pruner.name} does not support model {model.name!r} yet (tiny)")
+        check_prunable(model.name, pruner.name)
         try:
-            pruner.plans(model.name, **layout())
+            pruner.plans(model.name, **model.head_layout())
         except ValueError as exc:
             raise UsageError(f"{pruner.name} on {model.name}: {exc}") from None
 
@@ -280,6 +290,7 @@ def generate(
         kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
         corr = correction if correct else "none"
         spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
+    _pruners_fit(model, [spec])
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     distributed.setup(device)
@@ -387,6 +398,7 @@ def quantize_eval(
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
         _check_model(name)
+        _pruners_fit(name, specs)
     if json_path is not None:
         check_writable_file(json_path, "--json")
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.kvcache import HeadLayout
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.dtypes import dtype_from_name
 
@@ -149,6 +150,19 @@ def vae_scale(vae: Any) -> tuple[int, int]:
     """(temporal, spatial) down-sampling of a Wan VAE (4, 8 for Wan 2.1)."""
     downsample = vae.config.temperal_downsample
     return 2 ** sum(downsample), 2 ** len(downsample)
+
+
+def head_layout(transformer: Any, vae: Any, height: int, width: int) -> HeadLayout:
+    """What a pruner needs of a Wan-family transformer generating ``height``×``width`` frames:
+    its blocks, heads (multi-head attention: every head is a KV head) and the tokens of one
+    latent frame, ``(height/8/p_h)·(width/8/p_w)`` (frames are the outermost token axis)."""
+    spatial = vae_scale(vae)[1]
+    _, p_h, p_w = transformer.config.patch_size
+    return HeadLayout(
+        layers=len(transformer.blocks),
+        kv_heads=transformer.config.num_attention_heads,
+        frame_tokens=(height // spatial // p_h) * (width // spatial // p_w),
+    )
 
 
 def decode_wan(vae: Any, latents: torch.Tensor) -> torch.Tensor:

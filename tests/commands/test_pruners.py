@@ -120,7 +120,31 @@ USAGE_ERRORS = [
     (["generate", "--pruner", "forcing-kv", "--ablation", "keys-only"], "--ablation"),
     (["profile-heads", "--threshold", "1.5"], "--threshold"),
     (["generate", "-b", "2", "-q", "kivi", "--pruner", "forcing-kv", *SMALL], "cannot prune"),
+    (["generate", "-m", "magi1", "--pruner", "forcing-kv"], "(supported: tiny, skyreels-v2"),
+    (["quantize-eval", "-m", "tiny", "-m", "magi1", "--pruners", "forcing-kv"], "'magi1'"),
+    (["profile-heads", "-m", "magi1"], "profile-heads does not support model 'magi1'"),
 ]
+
+
+def test_prunable_models_are_the_adapters_with_a_head_layout():
+    """``PRUNABLE_MODELS`` (checked before loading) names exactly the adapters that state a
+    head layout and profile heads."""
+    import importlib
+
+    from jbkv_cli.models.registry import MODELS, PRUNABLE_MODELS
+
+    classes = {
+        "tiny": "jbkv_cli.models.tiny:TinyVideoModel",
+        "magi1": "jbkv_cli.models.magi1.model:Magi1VideoModel",
+        "skyreels-v2": "jbkv_cli.models.skyreels_v2.model:SkyReelsV2",
+        "self-forcing": "jbkv_cli.models.self_forcing.model:SelfForcing",
+    }
+    assert set(classes) == set(MODELS)
+    for name, where in classes.items():
+        module, cls = where.split(":")
+        adapter = getattr(importlib.import_module(module), cls)
+        able = all(hasattr(adapter, m) for m in ("head_layout", "profile_heads"))
+        assert able == (name in PRUNABLE_MODELS), name
 
 
 def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):

@@ -1,5 +1,7 @@
 """Shared by the diffusers-based adapters' tests: a cache made without jbkv's quant code."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,3 +34,34 @@ class PlainCache:
 def plain_cache():
     """The :class:`PlainCache` class (a fixture, as test modules are imported by path)."""
     return PlainCache
+
+
+@pytest.fixture
+def plain_layer_caches():
+    """A stand-in for :func:`jbkv_cli.kvcache.layer_caches` that builds :class:`PlainCache`s."""
+
+    def build(spec, window, *, model, layers, kv_heads, frame_tokens, observer=None):
+        return [PlainCache(spec, window) for _ in range(layers)]
+
+    return build
+
+
+@pytest.fixture
+def head_profile(tmp_path):
+    """``head_profile(model, layout, kind, anchor)``: the path of a Forcing-KV profile for
+    ``model``'s ``head_layout()`` with every head of class ``kind``."""
+    from jbkv_cli.prune.profile import FORMAT
+
+    def write(model: str, layout: dict, kind: str, anchor: int) -> str:
+        doc = {
+            "format": FORMAT,
+            "model": model,
+            "anchor_frames": anchor,
+            "threshold": 0.75,
+            "layers": [{"heads": [kind] * layout["kv_heads"]}] * layout["layers"],
+        }
+        path = tmp_path / f"{model}-{kind}-{anchor}.json"
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    return write

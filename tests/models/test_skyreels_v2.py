@@ -220,9 +220,9 @@ def test_initial_noise_is_shared_and_prefix_stable(tiny_model):
     assert torch.equal(longer.initial_noise("a red ball", 3)[:, :, : noise.shape[2]], noise)
 
 
-def test_generate_16bit_cache_equals_plain_loop(tiny_model, monkeypatch, plain_cache):
+def test_generate_16bit_cache_equals_plain_loop(tiny_model, monkeypatch, plain_layer_caches):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sky, "ChunkKVCache", plain_cache)
+    monkeypatch.setattr(sky, "layer_caches", plain_layer_caches)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 
@@ -372,3 +372,39 @@ def test_malformed_weights_fail_with_a_message(saved_tiny, tmp_path):
     with pytest.raises(WeightsNotFoundError, match="could not load the SkyReels-V2 transformer"):
         sky.load_model(weights=str(root), device="cpu")
     assert Path(saved_tiny, "transformer", "config.json").read_text() == good
+
+
+# --- Forcing-KV through the SkyReels-V2 loop (both CFG branches) ---------------------------------
+
+
+def test_forcing_kv_static_anchors_of_one_chunk_equal_a_window_of_one_chunk(
+    tiny_model, head_profile
+):
+    from jbkv_cli.prune import ForcingKV
+
+    layout = tiny_model.head_layout()
+    assert layout == {
+        "layers": len(tiny_model.components.transformer.blocks),
+        "kv_heads": 2,
+        "frame_tokens": 4,
+    }
+    profile = head_profile("skyreels-v2", layout, "static", K)
+    spec = KVSpec(pruner=ForcingKV(profile=profile, segments=2))
+    got, info = tiny_model.generate_latents("a red ball", 3, spec)
+    windowed = sky.load_model(config="tiny-random", device="cpu", window=1)
+    want, _ = windowed.generate_latents("a red ball", 3, FULL_PRECISION)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert info["kv_cache_bytes_by_head"] == {"static": info["kv_cache_bytes"]}
+
+
+def test_profile_heads_measures_both_cfg_branches(tiny_model):
+    from jbkv_cli.prune.profile import FrameMassProbe, summarize
+
+    probe = FrameMassProbe(tiny_model.head_layout()["frame_tokens"])
+    tiny_model.profile_heads("a red ball", 0, probe)
+    layers = tiny_model.head_layout()["layers"]
+    steps = tiny_model.config.steps
+    reading = tiny_model.config.num_chunks - 1  # every chunk but the first reads the cache
+    assert len(probe.records) == 2 * layers * steps * reading  # conditional + unconditional
+    measured = summarize(probe, layers, 2)
+    assert measured["stability"]["steps"]["groups"] == steps

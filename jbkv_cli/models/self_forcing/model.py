@@ -40,7 +40,7 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
@@ -49,6 +49,7 @@ from jbkv_cli.models.diffusers_wan import (
     chunk_video,
     chunks_for_frames,
     encode_umt5,
+    head_layout,
     runtime_options,
     vae_scale,
 )
@@ -223,6 +224,11 @@ class SelfForcing:
 
     # ----------------------------------------------------------------------- the loop
 
+    def head_layout(self) -> HeadLayout:
+        """What a pruner needs: blocks, heads and tokens per latent frame."""
+        s = self.config
+        return head_layout(self.components.transformer, self.components.vae, s.height, s.width)
+
     def generate_latents(
         self,
         prompt: str,
@@ -231,16 +237,23 @@ class SelfForcing:
         *,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
+        probe: Any = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts."""
+        """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts.
+
+        ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is
+        told the chunk and denoising step before each forward (``None`` for the clean pass)."""
         s, schedule = self.config, self.schedule
         transformer = self.components.transformer
         text = self.encode_prompt(prompt)
         spec = self.cache_spec(kv)
-        caches = [ChunkKVCache(spec, s.window, observer=observer) for _ in transformer.blocks]
-        context = ChunkContext(caches=caches, backend=s.attention_backend)
+        caches = layer_caches(
+            spec, s.window, model=self.name, observer=observer, **self.head_layout()
+        )
+        layers = caches if probe is None else probe.wrap(caches)
+        context = ChunkContext(caches=layers, backend=s.attention_backend)
         generator = noise_generator(seed, prompt)
-        chunks, peak, working = [], 0, 0
+        chunks, peak, working = [], PeakBytes(), 0
         with torch.no_grad(), cached_self_attention(transformer, context):
             for c in range(s.num_chunks):
                 context.frame_offset = c * s.chunk_frames
@@ -248,26 +261,38 @@ class SelfForcing:
                 for i, (t, sigma) in enumerate(
                     zip(schedule.timesteps, schedule.sigmas, strict=True)
                 ):
+                    if probe is not None:
+                        probe.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, text), sigma)
                     if i + 1 < len(schedule):
                         x = renoise(x0, self.draw(generator), schedule.sigmas[i + 1])
                 chunks.append(x0)
                 working = max(working, sum(cache.working_nbytes for cache in caches))
                 if c + 1 < s.num_chunks:
+                    if probe is not None:
+                        probe.at(c, None)
                     context.commit = True
                     try:
                         self.flow(x0, 0.0, text)
                     finally:
                         context.commit = False
-                    peak = max(peak, sum(cache.nbytes for cache in caches))
+                    peak.update(caches)
                 if progress is not None:
                     progress(c + 1, s.num_chunks)
         info = {
-            "kv_cache_bytes": peak,
+            "kv_cache_bytes": peak.total,
             "kv_working_bytes": working,
             "sink_chunks": spec.sink_chunks,
         }
+        if spec.pruner is not None:
+            info["kv_cache_bytes_by_head"] = peak.by_kind
         return torch.cat(chunks, dim=2), info
+
+    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
+        cache read (``jbkv profile-heads``)."""
+        probe.begin_sample(prompt, seed)
+        self.generate_latents(prompt, seed, FULL_PRECISION, probe=probe)
 
     def generate(
         self,

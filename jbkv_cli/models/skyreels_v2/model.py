@@ -35,7 +35,7 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import (
     check_frame_size,
@@ -44,6 +44,7 @@ from jbkv_cli.models.diffusers_wan import (
     chunks_for_frames,
     decode_wan,
     encode_umt5,
+    head_layout,
     runtime_options,
     vae_scale,
 )
@@ -220,6 +221,11 @@ class SkyReelsV2:
 
     # ----------------------------------------------------------------------- the loop
 
+    def head_layout(self) -> HeadLayout:
+        """What a pruner needs: blocks, heads and tokens per latent frame."""
+        s = self.config
+        return head_layout(self.components.transformer, self.components.vae, s.height, s.width)
+
     def generate_latents(
         self,
         prompt: str,
@@ -228,43 +234,64 @@ class SkyReelsV2:
         *,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
+        probe: Any = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The chunk loop; returns the clean latents and facts about the cache."""
+        """The chunk loop; returns the clean latents and facts about the cache.
+
+        ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps every CFG branch's
+        caches and is told the chunk and denoising step before each forward (``None`` for the
+        clean pass)."""
         s = self.config
-        transformer = self.components.transformer
         k = s.chunk_frames
         texts = [self.encode_prompt(prompt)]
         if s.guidance > 1.0:
             texts.append(self.encode_prompt(s.negative_prompt))
+        layout = self.head_layout()
         caches = [
-            [ChunkKVCache(kv, s.window, observer=observer) for _ in transformer.blocks]
-            for _ in texts
+            layer_caches(kv, s.window, model=self.name, observer=observer, **layout) for _ in texts
         ]
+        branches = caches if probe is None else [probe.wrap(b) for b in caches]
         context = ChunkContext(backend=s.attention_backend)
         noise = self.initial_noise(prompt, seed)
         latents = torch.empty_like(noise)
-        peak = working = 0
-        with torch.no_grad(), chunk_attention(transformer, context):
+        peak, working = PeakBytes(), 0
+        with torch.no_grad(), chunk_attention(self.components.transformer, context):
             for c in range(s.num_chunks):
                 frames = slice(c * k, (c + 1) * k)
                 context.frame_offset = c * k
                 scheduler = copy.deepcopy(self.components.scheduler)
                 scheduler.set_timesteps(s.steps, device=noise.device)
                 x = noise[:, :, frames].clone()
-                for t in scheduler.timesteps:
-                    v = self.predict(context, caches, texts, x, int(t))
+                for i, t in enumerate(scheduler.timesteps):
+                    if probe is not None:
+                        probe.at(c, i)
+                    v = self.predict(context, branches, texts, x, int(t))
                     # In place, as both reference pipelines update their latents: UniPC keeps the
                     # step-0 input as `last_sample`, so its first corrector sees the updated x.
                     x.copy_(scheduler.step(v, t, x, return_dict=False)[0])
                 latents[:, :, frames] = x
                 working = max(working, sum(cc.working_nbytes for b in caches for cc in b))
                 if c + 1 < s.num_chunks:
-                    self.predict(context, caches, texts, x, 0, commit=True)
-                    peak = max(peak, sum(cc.nbytes for b in caches for cc in b))
+                    if probe is not None:
+                        probe.at(c, None)
+                    self.predict(context, branches, texts, x, 0, commit=True)
+                    peak.update([cc for b in caches for cc in b])
                 if progress is not None:
                     progress(c + 1, s.num_chunks)
-        info = {"kv_cache_bytes": peak, "kv_working_bytes": working, "cfg_branches": len(texts)}
+        info = {
+            "kv_cache_bytes": peak.total,
+            "kv_working_bytes": working,
+            "cfg_branches": len(texts),
+        }
+        if kv.pruner is not None:
+            info["kv_cache_bytes_by_head"] = peak.by_kind
         return latents, info
+
+    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
+        cache read, of every CFG branch (``jbkv profile-heads``)."""
+        probe.begin_sample(prompt, seed)
+        self.generate_latents(prompt, seed, FULL_PRECISION, probe=probe)
 
     def generate(
         self,

@@ -28,7 +28,7 @@ from itertools import pairwise
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import ChunkKVCache
+from jbkv_cli.kvcache import layer_caches
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny.model import TinyDiT, unpatchify
 from jbkv_cli.seeding import noise_generator
@@ -75,10 +75,15 @@ def sample(
     """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
     cfg = model.cfg
     device = next(model.parameters()).device
-    plans = [None] * cfg.depth
-    if kv.pruner is not None:
-        plans = kv.pruner.plans("tiny", cfg.depth, cfg.heads, cfg.tokens_per_frame)
-    caches = [ChunkKVCache(kv, settings.window, observer=observer, pruning=p) for p in plans]
+    caches = layer_caches(
+        kv,
+        settings.window,
+        model="tiny",
+        layers=cfg.depth,
+        kv_heads=cfg.heads,
+        frame_tokens=cfg.tokens_per_frame,
+        observer=observer,
+    )
     layers = caches if probe is None else probe.wrap(caches)
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]

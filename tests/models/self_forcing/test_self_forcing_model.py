@@ -204,9 +204,9 @@ def test_self_forcing_16bit_cache_is_bit_identical_to_plain_concat(tiny, plain_c
     assert torch.equal(plain, jbkv)
 
 
-def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch, plain_cache):
+def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch, plain_layer_caches):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sf, "ChunkKVCache", plain_cache)
+    monkeypatch.setattr(sf, "layer_caches", plain_layer_caches)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 
