@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,6 +47,7 @@ from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import (
     DEFAULT_MODEL,
     MODELS,
+    check_options,
     check_prompts,
     check_prunable,
     load_model,
@@ -68,14 +71,27 @@ def _check_model(name: str) -> None:
         raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
 
 
-def _load(name: str, options: dict[str, Any]) -> VideoModel:
+@contextmanager
+def _model_errors(name: str) -> Iterator[None]:
+    """Options a model does not take are usage errors; values it refuses, known failures."""
     _check_model(name)
     try:
-        return load_model(name, **options)
+        yield
     except TypeError as exc:
         raise UsageError(f"model {name!r} does not take these options ({exc})") from exc
     except ValueError as exc:
         raise JbkvError(f"model {name!r}: {exc}") from exc
+
+
+def _load(name: str, options: dict[str, Any]) -> VideoModel:
+    with _model_errors(name):
+        return load_model(name, **options)
+
+
+def _check_load(name: str, options: dict[str, Any]) -> None:
+    """Refuse what :func:`_load` would refuse, without building the model."""
+    with _model_errors(name):
+        check_options(name, **options)
 
 
 def _model_options(name: str, *flags: Any) -> dict[str, Any]:
@@ -404,6 +420,8 @@ def quantize_eval(
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}
+    for name in names:  # every model's options and weights, before the first one runs
+        _check_load(name, model_opts[name])
     distributed.setup(device)
     results = []
     for name, items in work.items():

@@ -1,6 +1,7 @@
 """Models by name. Adding one is one module plus one line here (imported lazily).
 
-A model module provides ``load_model(**options) -> VideoModel`` and, when it reads only some
+A model module provides ``load_model(**options) -> VideoModel``, ``check_options(**options)``
+(what ``load_model`` would refuse, without building anything) and, when it reads only some
 prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raises
 :class:`~jbkv_cli.errors.UsageError` for a prompt it cannot read; commands call it for every
 prompt before anything is created.
@@ -50,6 +51,16 @@ def load_model(name: str, **options: Any) -> VideoModel:
     """Build the model registered as ``name``; options are model-specific (weights, steps, ...)."""
     module, factory = _module(name)
     return getattr(module, factory)(**options)
+
+
+def check_options(name: str, **options: Any) -> None:
+    """Raise what ``load_model(name, **options)`` would raise for its options and weight files,
+    without building the model (the module's ``check_options``; commands check every model of a
+    run before any runs)."""
+    module, _ = _module(name)
+    check = getattr(module, "check_options", None)
+    if check is not None:
+        check(**options)
 
 
 def check_prompts(name: str, prompts: Iterable[str]) -> None:

@@ -35,7 +35,7 @@ from jbkv_cli.models.magi1.schedule import required_window
 from jbkv_cli.models.magi1.text import SpecialTokens, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
 
-__all__ = ["OPTIONS", "Magi1VideoModel", "load_model"]
+__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "load_model"]
 
 OPTIONS = (
     "config",
@@ -89,8 +89,8 @@ def _prepare(module: torch.nn.Module, device: str, dtype: torch.dtype, offload: 
     return module.to("cpu" if offload else device).eval()
 
 
-def load_model(**options: Any) -> Magi1VideoModel:
-    """Build MAGI-1 (see the module docstring for the options; None means "default")."""
+def _resolved(options: dict[str, Any]) -> tuple[Any, GenerationSettings, dict[str, Any]]:
+    """``(variant, settings, options without None)`` from checked options."""
     unknown = sorted(k for k, v in options.items() if k not in OPTIONS and v is not None)
     if unknown:
         raise JbkvError(f"unknown MAGI-1 option(s) {unknown}; known: {', '.join(OPTIONS)}")
@@ -134,6 +134,20 @@ def load_model(**options: Any) -> Magi1VideoModel:
         attention_backend=backend,
         nearly_clean_refine=bool(opt.get("nearly_clean_refine", True)),
     )
+    return variant, settings, opt
+
+
+def check_options(**options: Any) -> None:
+    """Refuse what :func:`load_model` would refuse for these options (values, missing weight
+    files) without building the model."""
+    variant, _, opt = _resolved(options)
+    if variant.name != TINY_VARIANT.name:
+        locate(variant, opt.get("weights"))
+
+
+def load_model(**options: Any) -> Magi1VideoModel:
+    """Build MAGI-1 (see the module docstring for the options; None means "default")."""
+    variant, settings, opt = _resolved(options)
     if variant.name == TINY_VARIANT.name:
         return _tiny(variant, settings, int(opt.get("seed", 0)))
     return _official(variant, settings, opt.get("weights"), opt.get("special_tokens"))

@@ -56,6 +56,7 @@ from jbkv_cli.models.diffusers_wan import (
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.self_forcing.components import (
     Components,
+    WeightPaths,
     load_components,
     locate,
     tiny_components,
@@ -362,6 +363,29 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     )
 
 
+def _resolved(
+    options: dict[str, Any],
+) -> tuple[dict[str, Any], SelfForcingSettings, WeightPaths | None]:
+    """Checked options, settings and the located weight files (None for tiny-random)."""
+    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
+    given = sorted({"weights", "base", "generator", "lora"} & set(options))
+    if options["config"] == "tiny-random":
+        if given:
+            raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
+        return options, build_settings(options), None
+    s = build_settings(options)
+    paths = locate(s.config, s.weights, s.base, s.generator, s.lora)
+    lora = None if paths.lora is None else str(paths.lora)
+    s = replace(s, base=str(paths.base), generator=str(paths.generator), lora=lora)
+    return options, s, paths
+
+
+def check_options(**options: Any) -> None:
+    """Refuse what :func:`load_model` would refuse for these options (values, missing weight
+    files) without building the model."""
+    _resolved(options)
+
+
 def load_model(**options: Any) -> SelfForcing:
     """Build a Self-Forcing-family model from local weights, or ``config="tiny-random"``.
 
@@ -376,24 +400,11 @@ def load_model(**options: Any) -> SelfForcing:
     float32 on cpu), ``attention_backend`` (fused, flex, reference), ``init_seed``
     (tiny-random weights, 0).
     """
-    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
-    tiny = options["config"] == "tiny-random"
-    given = sorted({"weights", "base", "generator", "lora"} & set(options))
-    if tiny and given:
-        raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
-    settings = build_settings(options)
+    options, settings, paths = _resolved(options)
     dtype = dtype_from_name(settings.dtype)
-    if tiny:
+    if paths is None:
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
     else:
-        s = settings
-        paths = locate(s.config, s.weights, s.base, s.generator, s.lora)
-        settings = replace(
-            settings,
-            base=str(paths.base),
-            generator=str(paths.generator),
-            lora=None if paths.lora is None else str(paths.lora),
-        )
         components = load_components(paths, dtype, settings.ema, settings.lora_alpha)
     rope_frames = components.transformer.config.rope_max_seq_len
     if settings.latent_frames > rope_frames:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -343,6 +344,23 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
     )
 
 
+def _resolved(options: dict[str, Any]) -> tuple[dict[str, Any], SkyReelsSettings]:
+    """Checked options and settings, with the weights directory located (not read)."""
+    options = checked_options("skyreels-v2", options, OPTIONS, PRESETS, "df-1.3b-540p")
+    if options["config"] == "tiny-random" and "weights" in options:
+        raise JbkvError("config=tiny-random builds random weights; do not pass weights")
+    settings = _settings(options)
+    if settings.config != "tiny-random":
+        settings = replace(settings, weights=str(resolve_weights_dir(settings.weights)))
+    return options, settings
+
+
+def check_options(**options: Any) -> None:
+    """Refuse what :func:`load_model` would refuse for these options (values, missing weights)
+    without building the model."""
+    _resolved(options)
+
+
 def load_model(**options: Any) -> SkyReelsV2:
     """Build SkyReels-V2 DF-1.3B from local weights, or ``config="tiny-random"``.
 
@@ -354,17 +372,12 @@ def load_model(**options: Any) -> SkyReelsV2:
     (cuda if available), ``dtype`` (bfloat16 on cuda, float32 on cpu), ``attention_backend``
     (jbkv's: fused, flex, reference), ``init_seed`` (tiny-random weights, 0).
     """
-    options = checked_options("skyreels-v2", options, OPTIONS, PRESETS, "df-1.3b-540p")
-    if options["config"] == "tiny-random" and "weights" in options:
-        raise JbkvError("config=tiny-random builds random weights; do not pass weights")
-    settings = _settings(options)
+    options, settings = _resolved(options)
     dtype = dtype_from_name(settings.dtype)
     if settings.config == "tiny-random":
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
     else:
-        root = resolve_weights_dir(settings.weights)
-        settings = replace(settings, weights=str(root))
-        components = load_components(root, dtype)
+        components = load_components(Path(settings.weights), dtype)
     rope_frames = components.transformer.config.rope_max_seq_len
     if settings.latent_frames > rope_frames:
         raise JbkvError(

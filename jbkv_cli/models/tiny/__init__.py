@@ -19,7 +19,7 @@ from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
-from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights
+from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, weights_file
 
 FPS = 8.0
 
@@ -102,6 +102,28 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def check_options(
+    num_chunks: int = 8,
+    steps: int = 4,
+    window: int | None = None,
+    ctx_noise: float = 0.1,
+    device: str = "cpu",
+    weights: Path | str | None = None,
+    **unknown: Any,
+) -> None:
+    """Refuse what :func:`load_model` would refuse (unknown options, bad values, a missing
+    weights file) without building the model."""
+    if unknown:
+        raise JbkvError(f"unknown option(s) for the tiny model: {', '.join(sorted(unknown))}")
+    if num_chunks < 1 or steps < 1:
+        raise JbkvError(f"num_chunks and steps must be >= 1 (got {num_chunks}, {steps})")
+    if window is not None and window < 1:
+        raise JbkvError(f"window must be >= 1 chunk (got {window})")
+    if not 0.0 <= ctx_noise < 1.0:
+        raise JbkvError(f"ctx_noise must be in [0, 1) (got {ctx_noise})")
+    weights_file(weights)
+
+
 def load_model(
     num_chunks: int = 8,
     steps: int = 4,
@@ -112,15 +134,8 @@ def load_model(
     **unknown: Any,
 ) -> TinyVideoModel:
     """Build the tiny model (shipped weights unless ``weights`` is given)."""
-    if unknown:
-        raise JbkvError(f"unknown option(s) for the tiny model: {', '.join(sorted(unknown))}")
-    if num_chunks < 1 or steps < 1:
-        raise JbkvError(f"num_chunks and steps must be >= 1 (got {num_chunks}, {steps})")
-    if window is not None and window < 1:
-        raise JbkvError(f"window must be >= 1 chunk (got {window})")
-    if not 0.0 <= ctx_noise < 1.0:
-        raise JbkvError(f"ctx_noise must be in [0, 1) (got {ctx_noise})")
+    check_options(num_chunks, steps, window, ctx_noise, device, weights, **unknown)
     return TinyVideoModel(weights, device, num_chunks, steps, window, ctx_noise)
 
 
-__all__ = ["TinyVideoModel", "check_prompt", "load_model"]
+__all__ = ["TinyVideoModel", "check_options", "check_prompt", "load_model"]

@@ -24,14 +24,20 @@ def save_weights(model: TinyDiT, path: Path, log: dict) -> None:
     path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
 
 
-def load_weights(path: Path | str | None = None, device: str = "cpu") -> TinyDiT:
-    """Build a :class:`TinyDiT` from a safetensors file (default: the shipped weights)."""
+def weights_file(path: Path | str | None = None) -> Path:
+    """The weights file (default: the shipped one); :class:`WeightsNotFoundError` when absent."""
     path = Path(path) if path is not None else DEFAULT_WEIGHTS
     if not path.is_file():
         raise WeightsNotFoundError(
             f"tiny model weights not found at {path}; train them with "
             f"`python -m jbkv_cli.models.tiny.train --out {path}`"
         )
+    return path
+
+
+def load_weights(path: Path | str | None = None, device: str = "cpu") -> TinyDiT:
+    """Build a :class:`TinyDiT` from a safetensors file (default: the shipped weights)."""
+    path = weights_file(path)
     with open_safetensors(path) as f:
         cfg = _config(f.metadata(), path)
         state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118

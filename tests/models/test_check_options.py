@@ -1,0 +1,59 @@
+"""Every model's ``check_options`` refuses what its ``load_model`` refuses, with the same
+message, without building anything; ``quantize-eval`` checks every model before the first runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jbkv_cli.errors import JbkvError
+from jbkv_cli.models import registry
+
+JBKV = str(Path(sys.executable).with_name("jbkv"))
+
+REFUSED = [
+    ("tiny", {"steps": 0}),
+    ("tiny", {"config": "x"}),
+    ("tiny", {"weights": "/nonexistent/tiny.safetensors"}),
+    ("magi1", {"config": "nope"}),
+    ("magi1", {"config": "tiny-random", "num_chunks": 0}),
+    ("magi1", {"weights": "/nonexistent"}),
+    ("skyreels-v2", {"config": "tiny-random", "steps": 0}),
+    ("skyreels-v2", {"config": "tiny-random", "weights": "w"}),
+    ("skyreels-v2", {"weights": "/nonexistent"}),
+    ("self-forcing", {"config": "nope"}),
+    ("self-forcing", {"config": "tiny-random", "height": 20}),
+    ("self-forcing", {"weights": "/nonexistent"}),
+]
+
+
+@pytest.mark.parametrize("name,options", REFUSED, ids=[f"{n}-{o}" for n, o in REFUSED])
+def test_check_options_refuses_what_load_model_refuses(name, options, monkeypatch):
+    monkeypatch.delenv("JBKV_MAGI1_DIR", raising=False)
+    with pytest.raises(JbkvError) as checked:
+        registry.check_options(name, **options)
+    with pytest.raises(JbkvError) as loaded:
+        registry.load_model(name, **options)
+    assert str(checked.value) == str(loaded.value)
+
+
+@pytest.mark.parametrize("name", ["tiny", "magi1", "skyreels-v2", "self-forcing"])
+def test_check_options_accepts_what_builds(name):
+    options = {} if name == "tiny" else {"config": "tiny-random"}
+    registry.check_options(name, **options)
+
+
+def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
+    """The second model's bad option is refused before the first model generates anything."""
+    args = [JBKV, "quantize-eval", "-m", "tiny", "-m", "self-forcing"]
+    args += ["-o", "self-forcing.config=tiny-random", "-o", "self-forcing.steps=0"]
+    args += ["--prompt", "a red circle moves right on a dark background", "--out", "o"]
+    env = {k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"}
+    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == ["error: steps must be >= 1, got 0"]
+    assert list(tmp_path.iterdir()) == []
