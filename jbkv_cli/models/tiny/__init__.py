@@ -124,18 +124,11 @@ def check_options(
     weights_file(weights)
 
 
-def load_model(
-    num_chunks: int = 8,
-    steps: int = 4,
-    window: int | None = None,
-    ctx_noise: float = 0.1,
-    device: str = "cpu",
-    weights: Path | str | None = None,
-    **unknown: Any,
-) -> TinyVideoModel:
-    """Build the tiny model (shipped weights unless ``weights`` is given)."""
-    check_options(num_chunks, steps, window, ctx_noise, device, weights, **unknown)
-    return TinyVideoModel(weights, device, num_chunks, steps, window, ctx_noise)
+def load_model(**options: Any) -> TinyVideoModel:
+    """Build the tiny model (shipped weights unless ``weights`` is given); options and defaults
+    as :func:`check_options`."""
+    check_options(**options)
+    return TinyVideoModel(**options)
 
 
 __all__ = ["TinyVideoModel", "check_options", "check_prompt", "load_model"]
