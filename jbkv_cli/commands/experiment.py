@@ -49,7 +49,6 @@ from jbkv_cli.models.registry import (
     MODELS,
     check_options,
     check_prompts,
-    check_prunable,
     load_model,
 )
 from jbkv_cli.prune.base import KVPruner
@@ -107,6 +106,9 @@ def _prompt_items(
     return items
 
 
+NO_LAYOUT = "its adapter states no head_layout() (models/base.py: PrunableModel)"
+
+
 def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
     """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks);
     every pruner can run on it (its head profile is read and checked here)."""
@@ -122,15 +124,10 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
                 raise UsageError(f"{method.label} on {model.name}: {exc}") from None
 
 
-def _pruners_fit(name: str, specs: list[KVSpec]) -> None:
-    """Refuse, before loading model ``name``, pruners it cannot run."""
-    for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
-        check_prunable(name, pruner.name)
-
-
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
     for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
-        check_prunable(model.name, pruner.name)
+        if not hasattr(model, "head_layout"):
+            raise UsageError(f"{pruner.name} cannot prune model {model.name!r}: {NO_LAYOUT}")
         try:
             pruner.plans(model.name, **model.head_layout())
         except ValueError as exc:
@@ -306,7 +303,6 @@ def generate(
         kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
         corr = correction if correct else "none"
         spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
-    _pruners_fit(model, [spec])
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     distributed.setup(device)
@@ -414,7 +410,6 @@ def quantize_eval(
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
         _check_model(name)
-        _pruners_fit(name, specs)
     if json_path is not None:
         check_writable_file(json_path, "--json")
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}

@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from jbkv_cli.atomic import check_writable_file, write_text_atomic
-from jbkv_cli.commands.experiment import _load, _model_options, _prompt_items
+from jbkv_cli.commands.experiment import NO_LAYOUT, _load, _model_options, _prompt_items
 from jbkv_cli.commands.options import (
     DeviceOpt,
     ModelOptionOpt,
@@ -27,7 +27,7 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError
-from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, check_prunable
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.prune.profile import (
     DEFAULT_ANCHOR_FRAMES,
     DEFAULT_THRESHOLD,
@@ -71,11 +71,12 @@ def profile_heads(
         raise UsageError(f"--threshold must be in [0, 1], got {threshold}")
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-    check_prunable(model, "profile-heads")
     check_writable_file(out_path, "--out")
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     flags = (weights, num_chunks, steps, window, device, model_option)
     m = _load(model, _model_options(model, *flags))
+    if not hasattr(m, "profile_heads"):
+        raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
     layout = m.head_layout()
     probe = FrameMassProbe(layout["frame_tokens"])
     for text, seed_list in items:

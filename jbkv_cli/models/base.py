@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import KVSpec
 
 ProgressFn = Callable[[int, int], None]
@@ -54,4 +55,21 @@ class VideoModel(Protocol):
         """Generate one video. Same (prompt, seed, settings) => same initial noise for any ``kv``.
 
         ``observer`` (diagnostics) is handed to every layer's cache."""
+        ...
+
+
+@runtime_checkable
+class PrunableModel(VideoModel, Protocol):
+    """A :class:`VideoModel` that KV-cache pruners (Forcing-KV) and ``jbkv profile-heads`` can
+    run on: it states its head layout and profiles heads through its own chunk loop."""
+
+    def head_layout(self) -> HeadLayout:
+        """Attention layers, KV heads per layer and tokens per latent frame (its caches are
+        built from this with :func:`~jbkv_cli.kvcache.layer_caches`)."""
+        ...
+
+    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` (a
+        :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is told the chunk
+        and denoising step before each forward."""
         ...

@@ -26,19 +26,6 @@ MODELS: dict[str, str] = {
 
 DEFAULT_MODEL = "tiny"
 
-# Models whose adapter states its ``head_layout()`` and can ``profile_heads()``: what KV-cache
-# pruners (Forcing-KV) and ``jbkv profile-heads`` need. Commands refuse the others up front.
-PRUNABLE_MODELS: tuple[str, ...] = ("tiny", "skyreels-v2", "self-forcing")
-
-
-def check_prunable(name: str, what: str) -> None:
-    """Raise :class:`UsageError` when model ``name`` cannot be pruned or profiled (``what``:
-    the pruner or command asking), before anything is loaded."""
-    if name not in PRUNABLE_MODELS:
-        raise UsageError(
-            f"{what} does not support model {name!r} yet (supported: {', '.join(PRUNABLE_MODELS)})"
-        )
-
 
 def _module(name: str) -> tuple[Any, str]:
     if name not in MODELS:

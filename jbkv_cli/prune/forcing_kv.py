@@ -43,8 +43,9 @@ Choices where the paper (as available to us) is silent, and where jbkv differs:
 - Not reproduced: the CUDA kernels and speed-ups (attention here runs over a buffer of the full
   window with dropped tokens masked, so it is no faster), dropping tokens per query chunk inside
   one denoising step, and the paper's numbers. It runs on every adapter that states a head
-  layout (``tiny``, ``self-forcing`` — the paper's family — and ``skyreels-v2``); only the
-  embedded model's profile is shipped, the others are profiled with ``jbkv profile-heads``.
+  layout (:class:`~jbkv_cli.models.base.PrunableModel`: ``tiny``, ``self-forcing`` — the
+  paper's family — ``skyreels-v2`` and ``magi1``); only the embedded model's profile is
+  shipped, the others are profiled with ``jbkv profile-heads``.
 """
 
 from __future__ import annotations

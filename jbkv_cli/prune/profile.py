@@ -16,6 +16,10 @@ MHA). The profile also keeps ``m`` by recency per head, and the agreement of the
 made from each (prompt, seed) alone and from each denoising step alone with the overall one (the
 paper's stability claim, measured).
 
+MAGI-1 denoises several chunks per forward: each chunk's cache read is one record, its
+"current" mass is on the forward's in-flight chunks it reads, and its step is the forward's step
+in its stage.
+
 The JSON file (:data:`FORMAT`) is what :class:`~jbkv_cli.prune.forcing_kv.ForcingKV` reads;
 :func:`load_profile` validates it before any work and names the file in its one-line error.
 """

@@ -120,18 +120,13 @@ USAGE_ERRORS = [
     (["generate", "--pruner", "forcing-kv", "--ablation", "keys-only"], "--ablation"),
     (["profile-heads", "--threshold", "1.5"], "--threshold"),
     (["generate", "-b", "2", "-q", "kivi", "--pruner", "forcing-kv", *SMALL], "cannot prune"),
-    (["generate", "-m", "magi1", "--pruner", "forcing-kv"], "(supported: tiny, skyreels-v2"),
-    (["quantize-eval", "-m", "tiny", "-m", "magi1", "--pruners", "forcing-kv"], "'magi1'"),
-    (["profile-heads", "-m", "magi1"], "profile-heads does not support model 'magi1'"),
 ]
 
 
-def test_prunable_models_are_the_adapters_with_a_head_layout():
-    """``PRUNABLE_MODELS`` (checked before loading) names exactly the adapters that state a
-    head layout and profile heads."""
+def test_every_registered_adapter_can_be_pruned_and_profiled():
     import importlib
 
-    from jbkv_cli.models.registry import MODELS, PRUNABLE_MODELS
+    from jbkv_cli.models.registry import MODELS
 
     classes = {
         "tiny": "jbkv_cli.models.tiny:TinyVideoModel",
@@ -140,11 +135,38 @@ def test_prunable_models_are_the_adapters_with_a_head_layout():
         "self-forcing": "jbkv_cli.models.self_forcing.model:SelfForcing",
     }
     assert set(classes) == set(MODELS)
-    for name, where in classes.items():
+    for where in classes.values():
         module, cls = where.split(":")
         adapter = getattr(importlib.import_module(module), cls)
-        able = all(hasattr(adapter, m) for m in ("head_layout", "profile_heads"))
-        assert able == (name in PRUNABLE_MODELS), name
+        for method in ("generate", "head_layout", "profile_heads"):
+            assert callable(getattr(adapter, method, None)), (cls, method)
+
+
+def test_an_adapter_without_a_head_layout_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A model registered without ``head_layout()``: pruning and profiling are usage errors."""
+    import types
+
+    from jbkv_cli.models import registry
+    from jbkv_cli.models.tiny import load_model as load_tiny
+
+    class Plain:
+        def __init__(self, model):
+            self.name, self.settings, self.generate = "plain", model.settings, model.generate
+
+    module = types.ModuleType("jbkv_test_plain_model")
+    module.load_model = lambda **options: Plain(load_tiny(**options))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry.MODELS, "plain", f"{module.__name__}:load_model")
+    monkeypatch.chdir(tmp_path)
+    base = ["-m", "plain", "--prompt", PROMPT, "--seeds", "0"]
+    for args in (
+        ["generate", *base, "--pruner", "forcing-kv", "--out", "o"],
+        ["profile-heads", *base, "--out", "p.json"],
+    ):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "states no head_layout()" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):

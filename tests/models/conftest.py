@@ -65,3 +65,13 @@ def head_profile(tmp_path):
         return str(path)
 
     return write
+
+
+@pytest.fixture(
+    params=[("dynamic", 1, 1.0), ("static", 100, 0.33)],
+    ids=["dynamic-keeps-every-segment", "static-anchors-span-the-video"],
+)
+def keep_everything(request) -> tuple[str, int, float]:
+    """``(kind, anchor_frames, retention)`` of Forcing-KV profiles that drop no token: dynamic
+    heads keeping every segment, or static heads whose anchors outlast the video."""
+    return request.param

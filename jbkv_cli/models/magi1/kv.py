@@ -9,8 +9,6 @@ the cache at all; a chunk with ``n = 0`` (e.g. the refresh pass) bypasses the ca
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
@@ -50,7 +48,3 @@ def make_caches(
 ) -> list[ChunkKVCache]:
     """One cache per transformer layer, each holding at most ``window`` regular chunks."""
     return [ChunkKVCache(spec, window, observer=observer) for _ in range(num_layers)]
-
-
-def total_nbytes(caches: Sequence[ChunkKVCache]) -> int:
-    return sum(c.nbytes for c in caches)

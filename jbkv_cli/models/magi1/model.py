@@ -10,11 +10,11 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
-from jbkv_cli.models.magi1.kv import cache_attend, make_caches, total_nbytes
+from jbkv_cli.models.magi1.kv import cache_attend
 from jbkv_cli.models.magi1.sampler import Sampler
 from jbkv_cli.models.magi1.schedule import plan_forwards, validate
 from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, build_text_condition
@@ -108,6 +108,17 @@ class Magi1VideoModel:
             self._text_cache.popitem(last=False)
         return self._text_cache[prompt]
 
+    def head_layout(self) -> HeadLayout:
+        """What a pruner needs: layers, KV heads (GQA groups) and tokens per latent frame
+        (tokens run ``(t h w)``, frames outermost)."""
+        dit, sched = self.variant.dit, self.variant.schedule
+        patch = sched.spatial_downsample_factor * dit.patch_size
+        return HeadLayout(
+            layers=dit.num_layers,
+            kv_heads=dit.num_query_groups,
+            frame_tokens=(self.gen.height // patch) * (self.gen.width // patch),
+        )
+
     def sample_latents(
         self,
         prompt: str,
@@ -115,7 +126,12 @@ class Magi1VideoModel:
         kv: KVSpec,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
+        probe: Any = None,
     ):
+        """The pipelined sampler over the caches. ``probe`` (a
+        :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches; it is told the
+        forward and its denoising step in its stage before each forward, and measures each
+        chunk's cache read (the forward's in-flight chunks count as current)."""
         gen, variant = self.gen, self.variant
         sched = variant.schedule
         emb, mask = self.encode_prompt(prompt)
@@ -130,7 +146,9 @@ class Magi1VideoModel:
             variant_shape := gen.latent_shape(variant), generator=noise_generator(seed, prompt)
         )
         noise = noise.to(gen.device)
-        caches = make_caches(kv, variant.dit.num_layers, gen.window, observer)
+        caches = layer_caches(
+            kv, gen.window, model=self.name, observer=observer, **self.head_layout()
+        )
         plans = plan_forwards(gen.num_chunks, sched, max_cached=gen.window)
         sampler = Sampler(
             self.dit,
@@ -139,11 +157,19 @@ class Magi1VideoModel:
             nearly_clean_refine=gen.nearly_clean_refine,
         )
         done = [0]
+        peak = PeakBytes()
 
         def on_chunk(_c: int) -> None:
             done[0] += 1
             if progress is not None:
                 progress(done[0], gen.num_chunks)
+
+        def cache_bytes() -> int:
+            peak.update(caches)
+            return peak.total
+
+        def on_plan(plan) -> None:
+            probe.at(plan.index, plan.denoise_idx)
 
         self._place(self.dit, True)
         try:
@@ -151,14 +177,22 @@ class Magi1VideoModel:
                 noise,
                 plans,
                 text,
-                caches,
+                caches if probe is None else probe.wrap(caches),
                 on_chunk=on_chunk,
-                cache_bytes=lambda: total_nbytes(caches),
+                cache_bytes=cache_bytes,
+                on_plan=None if probe is None else on_plan,
             )
         finally:
             self._place(self.dit, False)
         assert result.latents.shape == variant_shape
+        result.peak_bytes_by_kind = peak.by_kind
         return result
+
+    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
+        cache read (``jbkv profile-heads``)."""
+        probe.begin_sample(prompt, seed)
+        self.sample_latents(prompt, seed, FULL_PRECISION, probe=probe)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Clean latents ``[1, C, T, h, w]`` -> uint8 frames ``[4T, 8h, 8w, 3]``, chunk by chunk."""
@@ -200,6 +234,8 @@ class Magi1VideoModel:
             "forwards": result.forwards,
             "kv": kv.label,
         }
+        if kv.pruner is not None:
+            info["kv_cache_bytes_by_head"] = result.peak_bytes_by_kind
         return Video(
             frames=frames,
             fps=float(self.variant.schedule.fps),

@@ -16,7 +16,7 @@ The refresh chunk's caption is the null caption; its time is ``clean_t``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +51,9 @@ class SampleResult:
     latents: torch.Tensor  # [1, C, T, H, W], float32, clean
     peak_cache_bytes: int
     forwards: int
+    peak_bytes_by_kind: dict[str, int] = field(
+        default_factory=dict
+    )  # pruned caches, per head class
 
 
 def _captions(text: TextCondition, chunks: Sequence[int], null: bool, refresh: bool):
@@ -175,13 +178,17 @@ class Sampler:
         *,
         on_chunk: Callable[[int], None] | None = None,
         cache_bytes: Callable[[], int] | None = None,
+        on_plan: Callable[[ForwardPlan], None] | None = None,
     ) -> SampleResult:
-        """Integrate ``noise [1, C, N·cw, H, W]`` to clean latents along ``plans``."""
+        """Integrate ``noise [1, C, N·cw, H, W]`` to clean latents along ``plans``
+        (``on_plan`` is told each plan before its forward)."""
         sched, cw = self.sched, self.sched.chunk_width
         x = noise.float().clone()
         counts = [0] * (x.shape[2] // cw)
         peak = 0
         for plan in plans:
+            if on_plan is not None:
+                on_plan(plan)
             v = self.velocity(x, plan, text, caches)
             c0, c1 = plan.chunk_start, plan.chunk_end
             t0 = self.ts[list(plan.t_index)]

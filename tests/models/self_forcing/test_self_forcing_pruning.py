@@ -51,14 +51,10 @@ def test_self_forcing_head_layout():
     }
 
 
-@pytest.mark.parametrize(
-    "kind,anchor,retention",
-    [("dynamic", 1, 1.0), ("static", 100, 0.33)],
-    ids=["dynamic-keeps-every-segment", "static-anchors-span-the-video"],
-)
 def test_self_forcing_pruner_that_keeps_everything_is_the_unpruned_cache(
-    tiny_model, head_profile, kind, anchor, retention
+    tiny_model, head_profile, keep_everything
 ):
+    kind, anchor, retention = keep_everything
     profile = head_profile("self-forcing", LAYOUT, kind, anchor)
     want, _ = tiny_model.generate_latents(PROMPT, 3, FULL_PRECISION)
     got, info = tiny_model.generate_latents(PROMPT, 3, pruned(profile, retention=retention))
