@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
-from jbkv_cli.kvcache import HeadLayout
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.dtypes import dtype_from_name
 
@@ -163,6 +163,26 @@ def head_layout(transformer: Any, vae: Any, height: int, width: int) -> HeadLayo
         kv_heads=transformer.config.num_attention_heads,
         frame_tokens=(height // spatial // p_h) * (width // spatial // p_w),
     )
+
+
+class WanHeads:
+    """``head_layout()`` and ``profile_heads()`` of a Wan-family adapter (what pruners and
+    ``jbkv profile-heads`` need): it has ``components`` (transformer, vae), a ``config`` with
+    ``height``/``width``, and ``generate_latents(prompt, seed, kv, probe=...)``."""
+
+    components: Any
+    config: Any
+
+    def head_layout(self) -> HeadLayout:
+        """Blocks, heads and tokens per latent frame (:func:`head_layout`)."""
+        c, s = self.components, self.config
+        return head_layout(c.transformer, c.vae, s.height, s.width)
+
+    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
+        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
+        cache read (``jbkv profile-heads``)."""
+        probe.begin_sample(prompt, seed)
+        self.generate_latents(prompt, seed, FULL_PRECISION, probe=probe)  # type: ignore[attr-defined]
 
 
 def decode_wan(vae: Any, latents: torch.Tensor) -> torch.Tensor:

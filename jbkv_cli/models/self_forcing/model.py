@@ -40,16 +40,16 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
+    WanHeads,
     check_frame_size,
     checked_options,
     chunk_video,
     chunks_for_frames,
     encode_umt5,
-    head_layout,
     runtime_options,
     vae_scale,
 )
@@ -153,7 +153,7 @@ OPTIONS = frozenset(
 )
 
 
-class SelfForcing:
+class SelfForcing(WanHeads):
     """A loaded Self-Forcing-family model; ``generate`` runs the chunk loop above."""
 
     name = "self-forcing"
@@ -225,11 +225,6 @@ class SelfForcing:
 
     # ----------------------------------------------------------------------- the loop
 
-    def head_layout(self) -> HeadLayout:
-        """What a pruner needs: blocks, heads and tokens per latent frame."""
-        s = self.config
-        return head_layout(self.components.transformer, self.components.vae, s.height, s.width)
-
     def generate_latents(
         self,
         prompt: str,
@@ -288,12 +283,6 @@ class SelfForcing:
         if spec.pruner is not None:
             info["kv_cache_bytes_by_head"] = peak.by_kind
         return torch.cat(chunks, dim=2), info
-
-    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
-        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
-        cache read (``jbkv profile-heads``)."""
-        probe.begin_sample(prompt, seed)
-        self.generate_latents(prompt, seed, FULL_PRECISION, probe=probe)
 
     def generate(
         self,

@@ -36,16 +36,16 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import (
+    WanHeads,
     check_frame_size,
     checked_options,
     chunk_video,
     chunks_for_frames,
     decode_wan,
     encode_umt5,
-    head_layout,
     runtime_options,
     vae_scale,
 )
@@ -125,7 +125,7 @@ OPTIONS = frozenset(
 )
 
 
-class SkyReelsV2:
+class SkyReelsV2(WanHeads):
     """A loaded SkyReels-V2 DF model; ``generate`` runs the chunk loop above."""
 
     name = "skyreels-v2"
@@ -222,11 +222,6 @@ class SkyReelsV2:
 
     # ----------------------------------------------------------------------- the loop
 
-    def head_layout(self) -> HeadLayout:
-        """What a pruner needs: blocks, heads and tokens per latent frame."""
-        s = self.config
-        return head_layout(self.components.transformer, self.components.vae, s.height, s.width)
-
     def generate_latents(
         self,
         prompt: str,
@@ -287,12 +282,6 @@ class SkyReelsV2:
         if kv.pruner is not None:
             info["kv_cache_bytes_by_head"] = peak.by_kind
         return latents, info
-
-    def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
-        """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
-        cache read, of every CFG branch (``jbkv profile-heads``)."""
-        probe.begin_sample(prompt, seed)
-        self.generate_latents(prompt, seed, FULL_PRECISION, probe=probe)
 
     def generate(
         self,
