@@ -43,7 +43,7 @@ from jbkv_cli.experiment import (
 )
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.base import PrunableModel, VideoModel
 from jbkv_cli.models.registry import (
     DEFAULT_MODEL,
     MODELS,
@@ -126,7 +126,7 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
 
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
     for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
-        if not hasattr(model, "head_layout"):
+        if not isinstance(model, PrunableModel):
             raise UsageError(f"{pruner.name} cannot prune model {model.name!r}: {NO_LAYOUT}")
         try:
             pruner.plans(model.name, **model.head_layout())

@@ -27,6 +27,7 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.models.base import PrunableModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.prune.profile import (
     DEFAULT_ANCHOR_FRAMES,
@@ -75,7 +76,7 @@ def profile_heads(
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     flags = (weights, num_chunks, steps, window, device, model_option)
     m = _load(model, _model_options(model, *flags))
-    if not hasattr(m, "profile_heads"):
+    if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
     layout = m.head_layout()
     probe = FrameMassProbe(layout["frame_tokens"])

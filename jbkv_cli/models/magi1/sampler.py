@@ -51,9 +51,8 @@ class SampleResult:
     latents: torch.Tensor  # [1, C, T, H, W], float32, clean
     peak_cache_bytes: int
     forwards: int
-    peak_bytes_by_kind: dict[str, int] = field(
-        default_factory=dict
-    )  # pruned caches, per head class
+    # a pruned cache's bytes at the peak, per class of KV head
+    peak_bytes_by_kind: dict[str, int] = field(default_factory=dict)
 
 
 def _captions(text: TextCondition, chunks: Sequence[int], null: bool, refresh: bool):

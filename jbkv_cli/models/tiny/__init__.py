@@ -15,6 +15,7 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.tiny.data import parse_prompt
@@ -76,10 +77,9 @@ class TinyVideoModel:
             info["kv_cache_bytes_by_head"] = out.kv_bytes_by_kind
         return Video(frames, FPS, out.kv_cache_bytes, info)
 
-    def head_layout(self) -> dict[str, int]:
+    def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""
-        cfg = self.model.cfg
-        return {"layers": cfg.depth, "kv_heads": cfg.heads, "frame_tokens": cfg.tokens_per_frame}
+        return self.model.cfg.head_layout
 
     def profile_heads(self, prompt: str, seed: int, probe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a

@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jbkv_cli.kvcache.layers import HeadLayout
+
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``attend(layer, q, k, v) -> out``, all ``[B, H, L, D]``; q and k post-RoPE."""
 
@@ -74,6 +76,13 @@ class TinyConfig:
     @property
     def tokens_per_frame(self) -> int:
         return self.grid**2
+
+    @property
+    def head_layout(self) -> HeadLayout:
+        """What a pruner needs: layers, KV heads (every head) and tokens per frame."""
+        return HeadLayout(
+            layers=self.depth, kv_heads=self.heads, frame_tokens=self.tokens_per_frame
+        )
 
     @property
     def chunk_len(self) -> int:

@@ -75,15 +75,7 @@ def sample(
     """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
     cfg = model.cfg
     device = next(model.parameters()).device
-    caches = layer_caches(
-        kv,
-        settings.window,
-        model="tiny",
-        layers=cfg.depth,
-        kv_heads=cfg.heads,
-        frame_tokens=cfg.tokens_per_frame,
-        observer=observer,
-    )
+    caches = layer_caches(kv, settings.window, model="tiny", observer=observer, **cfg.head_layout)
     layers = caches if probe is None else probe.wrap(caches)
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
