@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli import distributed
-from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
+from jbkv_cli.atomic import check_writable_dir, write_text_atomic
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
     DeviceOpt,
@@ -51,6 +51,7 @@ from jbkv_cli.models.registry import (
     check_prompts,
     load_model,
 )
+from jbkv_cli.outputs import check_output_file
 from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.prune.registry import build_pruner, pruner_names
 from jbkv_cli.quant.registry import method_names
@@ -411,7 +412,7 @@ def quantize_eval(
     for name in names:
         _check_model(name)
     if json_path is not None:
-        check_writable_file(json_path, "--json")
+        check_output_file(json_path, "--json", runs=[out_dir / name for name in names])
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}

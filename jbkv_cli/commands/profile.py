@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from jbkv_cli.atomic import check_writable_file, write_text_atomic
+from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.commands.experiment import NO_LAYOUT, _load, _model_options, _prompt_items
 from jbkv_cli.commands.options import (
     DeviceOpt,
@@ -29,6 +29,7 @@ from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.models.base import PrunableModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
+from jbkv_cli.outputs import check_output_file
 from jbkv_cli.prune.profile import (
     DEFAULT_ANCHOR_FRAMES,
     DEFAULT_THRESHOLD,
@@ -72,7 +73,7 @@ def profile_heads(
         raise UsageError(f"--threshold must be in [0, 1], got {threshold}")
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-    check_writable_file(out_path, "--out")
+    check_output_file(out_path, "--out")
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     flags = (weights, num_chunks, steps, window, device, model_option)
     m = _load(model, _model_options(model, *flags))
