@@ -453,9 +453,9 @@ def _manifest_lock(root: Path):
 
 
 def _is_ours(path: Path) -> bool:
-    """A file jbkv may leave in a folder it has not made a run of yet: its manifest lock, or a
-    temp file of a writer (another command starting on the same folder)."""
-    return path.name == MANIFEST_LOCK or is_temp(path)
+    """A file another jbkv command starting on the same folder may have there for a moment:
+    the manifest's lock, a temp file of its writer, or its writability probe."""
+    return path.name == MANIFEST_LOCK or path.name.startswith(".jbkv-probe-") or is_temp(path)
 
 
 def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
@@ -468,6 +468,9 @@ def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
     if root.exists() and not root.is_dir():
         raise UsageError(f"--out {root} exists and is not a directory")
     path = root / MANIFEST
+    # listed before the manifest is looked for: a command starting beside this one writes its
+    # manifest before anything else, so what is listed without a manifest after it is not a run's
+    entries = list(root.iterdir()) if root.is_dir() else []
     if path.exists():
         manifest = parse_manifest(_read_json(path), path)
         if manifest["model"] != model or manifest["settings"] != settings:
@@ -476,7 +479,7 @@ def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
                 f"{root} was made with different settings ({diff}); "
                 "use another --out directory to keep both"
             )
-    elif root.exists() and any(not _is_ours(p) for p in root.iterdir()):
+    elif any(not _is_ours(p) for p in entries):
         raise UsageError(f"--out {root} is not empty and is not a jbkv run directory")
     check_writable_dir(root, "--out")
 

@@ -5,6 +5,7 @@
   leaves no temp file behind.
 - A full disk (a small tmpfs where one can be mounted; otherwise an injected ``ENOSPC``) is one
   line naming the file and leaves nothing partial: every video marked done has all its files.
+  ``report --format html`` on a disk full for one of its files (``tests/enospc``) names that file.
 - Hypothesis feeds truncated and corrupted bytes to the video reader and to the manifest, record
   and baseline parsers: each returns a valid result or raises a one-line ``JbkvError``, never
   anything else.
@@ -186,6 +187,39 @@ def test_injected_enospc_in_every_writer(tmp_path, monkeypatch):
         assert result.exit_code == 1, (fail_at, result.output)
         assert "No space left on device" in result.output and "Traceback" not in result.output
         _check_nothing_partial(out)
+
+
+ENOSPC_HOOK = Path(__file__).parent / "enospc"  # sitecustomize: ENOSPC for chosen file names
+
+
+@pytest.mark.parametrize(
+    "target", ["frontier.png", "drift.png", "report.css", "report.js", "index.html"]
+)
+def test_full_disk_during_the_html_report_is_one_line_naming_the_target(tiny_run, tmp_path, target):
+    """``report --format html`` on a disk that is full for one of its files: one line naming
+    that file under RUN/report (not ``OSError: [Errno 28]`` without a file, nor the package's
+    source file of a copied asset), exit 1, nothing partial left."""
+    import shutil
+
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run)
+    shutil.rmtree(run / "report")
+    path = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "JBKV_TEST_ENOSPC": target}
+    r = subprocess.run(
+        [JBKV, "report", str(run), "--format", "html"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1, r.stderr
+    assert errors[0] == f"error: cannot write {run / 'report' / target}: No space left on device"
+    assert "report_assets" not in r.stderr and "Traceback" not in r.stderr
+    assert not (run / "report" / target).exists()
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".")], "temp left"
 
 
 # --- damaged files -------------------------------------------------------------------------------
