@@ -153,13 +153,13 @@ def check_baseline(
     n = len(base_videos)  # what every variant must have: the baseline's videos
     reference = _reference_row(current)
     if reference is not None and reference.videos != n:
-        problems.append(f"{reference.variant}: {_count(reference.videos, n)} videos generated")
+        problems.append(_count(reference.variant, reference.videos, None, n))
     compared: set[str] = set()
     for vid in sorted(set(rows) & set(base_rows)):
         row, base = rows[vid], base_rows[vid]
         scored = row.psnr.n if row.psnr else 0
         if row.videos != n or scored != n:
-            problems.append(f"{vid}: {_count(row.videos, n)} videos generated, {scored} scored")
+            problems.append(_count(vid, row.videos, scored, n))
             continue
         checked = _compare_row(vid, row, base, tol, problems)
         if not checked:
@@ -171,9 +171,13 @@ def check_baseline(
     return result
 
 
-def _count(have: int, want: int) -> str:
-    """``3 of 4``, or ``5 (the baseline has 4)``: never "5 of 4"."""
-    return f"{have} of {want}" if have <= want else f"{have} (the baseline has {want})"
+def _count(vid: str, made: int, scored: int | None, want: int) -> str:
+    """``v: 3 of 4 videos generated, 3 scored``, or ``v: 5 videos generated, 5 scored, the
+    baseline has 4``: never "5 of 4"."""
+    done = "" if scored is None else f", {scored} scored"
+    if made <= want:
+        return f"{vid}: {made} of {want} videos generated{done}"
+    return f"{vid}: {made} videos generated{done}, the baseline has {want}"
 
 
 def _reference_row(result: dict[str, Any]) -> ResultRow | None:
