@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.results import ResultRow, Stat
@@ -310,7 +311,7 @@ def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -
     cols, cells, best = table_cells(rows, layout)
     compact = layout != LAYOUTS[0]
     table = Table(
-        title=title,
+        title=plain(title),
         title_justify="left",
         box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
         pad_edge=not compact,
@@ -320,9 +321,10 @@ def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -
     for c in cols:
         table.add_column(c, justify="left" if c in TEXT_COLUMNS else "right", no_wrap=True)
     for r, row_cells in zip(rows, cells, strict=True):
-        styled = []
-        for c, text in zip(cols, row_cells, strict=True):
-            styled.append(f"[bold green]{text}[/]" if best.get(c) == r.variant else text)
+        styled = [
+            plain(text, "bold green" if best.get(c) == r.variant else "")
+            for c, text in zip(cols, row_cells, strict=True)
+        ]  # cells hold user text (variants, labels read from the run): never markup
         table.add_row(*styled, style="bold" if r.is_reference else None)
     return table
 
@@ -376,7 +378,7 @@ def vbench_table(entries: list[tuple[str, dict[str, Any]]], sep: str | None = " 
         header = c if c == "variant" else c.replace("_", "\n")
         table.add_column(header, justify="left" if c == "variant" else "right", no_wrap=True)
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*map(plain, row))
     return table
 
 

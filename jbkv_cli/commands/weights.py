@@ -15,7 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from jbkv_cli.console import err, error, out, warn
+from jbkv_cli.console import err, error, out, plain, visible, warn
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
 from jbkv_cli.weights.manifest import MIRROR_ENV, WeightEntry, resolve_mirror
@@ -54,7 +54,9 @@ def status_command(
         s = entry_status(entry, verify=verify)
         style = _STYLE.get(s.state, "")
         table.add_row(
-            entry.name, entry.group, f"[{style}]{s.state}[/]", entry.pinned, str(s.path), s.detail
+            *map(plain, (entry.name, entry.group)),
+            plain(s.state, style),
+            *map(plain, (entry.pinned, s.path, s.detail)),
         )
     out.print(table)
 
@@ -90,21 +92,21 @@ def fetch_command(
         if entry.pinned == "nothing":
             warn(f"{entry.name}: not verified, nothing is pinned ({entry.hash_source})")
         checked = "unverified" if entry.pinned == "nothing" else f"{entry.pinned} checked"
-        err.print(f"[green]{entry.name}[/]: {path} ({checked})", highlight=False)
+        err.print(plain(entry.name, "green") + plain(f": {path} ({checked})"), highlight=False)
     if failures:
         raise typer.Exit(1)  # each failure already printed its one line
 
 
 def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task(entry.name, total=entry.size)
+        task = progress.add_task(visible(entry.name), total=entry.size)
 
         def report(done: int, total: int | None) -> None:
             progress.update(task, completed=done, total=total)
