@@ -63,6 +63,7 @@ from jbkv_cli.report import (
     to_json,
     to_markdown,
 )
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir
 
 
@@ -486,12 +487,13 @@ def _write_report(
 
 def _print_report(
     run: RunDir,
-    rows: list[Any],
+    rows: list[ResultRow],
     data: dict[str, Any],
     made: list[Path],
     page: Path,
     lpips_status: str | None,
 ) -> None:
+    """What quantize-eval prints of a run's report (:func:`_write_report` wrote its files)."""
     settings = run.manifest.get("settings", {})
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
     print_table(out, rows, f"{run.manifest.get('model')} · {shown}")
