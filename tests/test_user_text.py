@@ -38,6 +38,7 @@ from jbkv_cli.console import PlainConsole, plain, visible
 from jbkv_cli.html_report import render_page
 from jbkv_cli.metrics.fidelity import compare_dirs
 from jbkv_cli.report import build_rows, rich_table, to_json, vbench_table
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir
 from jbkv_cli.video import write_video_lossless
 
@@ -112,9 +113,7 @@ def test_bidi_controls_are_shown_not_obeyed(captured):
         assert RLO not in buffer.getvalue() and "\\u202eabc" in buffer.getvalue()
 
 
-def _result_row(label: str):
-    from jbkv_cli.results import ResultRow
-
+def _result_row(label: str) -> ResultRow:
     return ResultRow.from_dict(
         {"variant": label, "label": label, "quantizer": label, "bits": 16, "videos": 1}
     )
