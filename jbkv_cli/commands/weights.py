@@ -15,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from jbkv_cli import distributed
 from jbkv_cli.console import err, error, out, warn
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
@@ -68,6 +69,7 @@ def fetch_command(
     ] = False,
 ) -> None:
     """Download to the conventional locations: resumable, SHA-256 checked, atomic."""
+    _refuse_torchrun()
     entries = _select(targets)
     try:
         base = resolve_mirror(mirror)
@@ -109,7 +111,17 @@ def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
         def report(done: int, total: int | None) -> None:
             progress.update(task, completed=done, total=total)
 
-        return fetch_entry(entry, mirror=mirror, progress=report)
+        return fetch_entry(entry, mirror=mirror, progress=report, warn=warn)
+
+
+def _refuse_torchrun() -> None:
+    """Ranks of one job would stream into the same ``.part``: fetching is one process's job."""
+    job = distributed.launch()  # a malformed torchrun environment is a usage error itself
+    if job is not None:
+        raise UsageError(
+            f"weights fetch runs as one process, not under torchrun (WORLD_SIZE="
+            f"{job.world_size}); run it once before the job"
+        )
 
 
 def _select(targets: list[str] | None) -> list[WeightEntry]:

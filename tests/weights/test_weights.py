@@ -90,16 +90,29 @@ def test_select_groups_names_and_unknown():
         ({"group": "other"}, "group must be one of"),
         ({"root": "nowhere"}, "root must be one of"),
         ({"url": "ftp://x/y"}, "url must be"),
-        ({"path": "../../etc/passwd"}, "inside their root"),
+        ({"path": "../../etc/passwd"}, "inside its root"),
         ({"surprise": 1}, "unknown field"),
+        # item 2 of issue 22: absolute paths wrote outside every cache root
+        ({"path": "/tmp/jbkv-escape/blob.pth"}, r"\(blob\): '/tmp/jbkv-escape/blob.pth' must be"),
+        ({"path": "checkpoints/../../x.pth"}, "inside its root"),
+        ({"path": ""}, "a file's path must name the file"),
+        ({"unpack": "zip", "path": "", "provides": ["/etc/passwd"]}, "'/etc/passwd' must be"),
+        ({"unpack": "zip", "path": "own", "provides": ["other/x"]}, "inside its folder 'own'"),
+        ({"unpack": "zip", "path": "", "provides": ["."]}, "not the root"),
+        ({"name": "../x"}, "name '../x' must be"),
+        ({"mirror_name": "../../x.pth"}, "a single file name"),
+        ({"path": 5}, "wrong type for path"),
+        ({"provides": "abc"}, "wrong type for provides"),
+        ({"size": True}, "wrong type for size"),
     ],
 )
 def test_bad_manifest_is_one_line_error(tmp_path, change, message):
     item = {**_entry("http://127.0.0.1:9/blob.pth").__dict__, "provides": [], **change}
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"files": [item]}))
-    with pytest.raises(JbkvError, match=message):
+    with pytest.raises(JbkvError, match=message) as exc:
         load_manifest(path)
+    assert "\n" not in str(exc.value)
 
 
 def test_mirror_must_be_a_url(monkeypatch):
@@ -249,8 +262,11 @@ def test_zip_that_does_not_provide_what_it_should_is_an_error(tmp_path, local_se
         unpack="zip",
         provides=("x/wanted.pth",),
     )
-    with pytest.raises(JbkvError, match="did not provide"):
-        fetch_entry(entry, _roots(tmp_path))
+    roots = _roots(tmp_path)
+    with pytest.raises(JbkvError, match="does not provide x/wanted.pth"):
+        fetch_entry(entry, roots)
+    hub = roots["torch_hub"]
+    assert sorted(p.name for p in hub.iterdir()) == []  # no folder, no .part, no staging
 
 
 # --- status -------------------------------------------------------------------------------------
