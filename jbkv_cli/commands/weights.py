@@ -105,7 +105,8 @@ def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err, transient=True) as progress:
+    # no bar where stderr is not a terminal (logs, pipes): it would only leave blank lines
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(entry.name, total=entry.size)
 
         def report(done: int, total: int | None) -> None:

@@ -264,12 +264,20 @@ def _hash_into(digest, path: Path, length: int) -> None:
 
 
 def _kept(part: Path) -> str:
-    return "; the .part is kept, fetch again to resume" if part.is_file() else ""
+    """After a network failure: keep a ``.part`` with bytes in it (say so), drop an empty one."""
+    try:
+        size = part.stat().st_size
+    except OSError:
+        return ""
+    if not size:
+        part.unlink(missing_ok=True)
+        return ""
+    return f"; the .part ({size} bytes) is kept, fetch again to resume"
 
 
 def _http_reason(exc: urllib.error.HTTPError) -> str:
     if 300 <= exc.code < 400:
-        return f"too many redirects or a redirect loop (last: HTTP {exc.code})"
+        return f"redirect loop or too many redirects (last: HTTP {exc.code})"
     return f"HTTP {exc.code} {_reason(exc.reason)}"
 
 
@@ -278,7 +286,7 @@ def _reason(exc: object) -> str:
     if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
         exc = exc.reason
     if isinstance(exc, http.client.IncompleteRead):
-        return f"the body was cut short ({len(exc.partial)} bytes of a block received)"
+        return "the body was cut short (IncompleteRead)"
     if isinstance(exc, http.client.HTTPException) and not isinstance(exc, OSError):
         text = " ".join(str(exc).split())
         return f"bad reply ({type(exc).__name__}: {shown(text)})" if text else type(exc).__name__

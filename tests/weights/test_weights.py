@@ -263,7 +263,7 @@ def test_zip_that_does_not_provide_what_it_should_is_an_error(tmp_path, local_se
         provides=("x/wanted.pth",),
     )
     roots = _roots(tmp_path)
-    with pytest.raises(JbkvError, match="does not provide x/wanted.pth"):
+    with pytest.raises(JbkvError, match=r"does not provide x/wanted\.pth"):
         fetch_entry(entry, roots)
     hub = roots["torch_hub"]
     assert sorted(p.name for p in hub.iterdir()) == []  # no folder, no .part, no staging
