@@ -7,6 +7,7 @@ closes the connection. ``requests`` logs ``(path, Range header or None)`` in arr
 from __future__ import annotations
 
 import socketserver
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +44,12 @@ def raw_server() -> Iterator[RawServer]:
             self.wfile.write(reply(headers) if reply else NOT_FOUND)
             self.wfile.flush()
 
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    class Server(socketserver.ThreadingTCPServer):
+        def handle_error(self, request, client_address):  # a client that hung up early
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
