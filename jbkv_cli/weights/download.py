@@ -75,8 +75,22 @@ def fetch_entry(
     """Download ``entry`` (from ``mirror`` if given), check it, put it in place; return where.
 
     ``warn`` receives one-line warnings (archive members outside the entry's items, ignored).
+    Every failure is a :class:`JbkvError` of one line; a local file-system error names the file.
     """
-    roots = dict(roots or cache_roots())
+    try:
+        return _fetch(entry, dict(roots or cache_roots()), mirror, progress, warn)
+    except OSError as exc:  # local: a read-only cache, a full disk while unpacking…
+        where = f" {exc.filename}" if exc.filename else ""
+        raise JbkvError(f"{entry.name}: cannot write{where}: {_reason(exc)}") from None
+
+
+def _fetch(
+    entry: WeightEntry,
+    roots: dict[str, Path],
+    mirror: str | None,
+    progress: ProgressFn | None,
+    warn: WarnFn | None,
+) -> Path:
     problem = outside_root(entry, roots)
     if problem:
         raise JbkvError(problem)
@@ -117,6 +131,11 @@ def _install_archive(
         ignored = unpack_zip(entry, part, roots)
     except UnpackError as exc:
         raise JbkvError(f"{entry.name}: cannot unpack {url}: {exc}; deleted it") from None
+    except OSError as exc:
+        where = f" into {exc.filename}" if exc.filename else ""
+        raise JbkvError(
+            f"{entry.name}: cannot unpack {url}{where}: {_reason(exc)}; deleted it"
+        ) from None
     finally:
         part.unlink(missing_ok=True)
     if ignored and warn:

@@ -179,10 +179,10 @@ def test_dreamsim_archive_cannot_touch_other_caches(home_env, local_server, tmp_
     _dreamsim_archive(local_server.root, {"huggingface/README": b"x", "torch/README": b"x"})
 
     result = jbkv(home_env, "fetch", "dreamsim", "--mirror", local_server.url)
+    for rel, data in theirs.items():
+        assert (cache / rel).is_file() and (cache / rel).read_bytes() == data, rel
     assert result.returncode == 0, result.stderr
     assert "ignored 2 archive member(s)" in result.stderr
-    for rel, data in theirs.items():
-        assert (cache / rel).read_bytes() == data, rel
     assert not (cache / "huggingface" / "README").exists()
     assert not (cache / "torch" / "README").exists()
     for rel, data in DREAMSIM_ITEMS.items():
