@@ -1,28 +1,75 @@
-"""Consoles: data on stdout, progress, warnings and errors on stderr (so JSON stays parseable)."""
+"""Consoles: data on stdout, progress, warnings and errors on stderr (so JSON stays parseable).
+
+Everything jbkv prints may hold user text (a prompt, a path, an option value, a variant read
+from a run folder), so nothing printed here is read as Rich markup or emoji codes: ``[/]`` and
+``:cat:`` print as typed. Styles are applied with :class:`~rich.text.Text` (:func:`plain`), never
+with markup in a string. Bidi controls that reorder the rest of a line (U+202A–U+202E,
+U+2066–U+2069) are shown as ``\\u202e`` on the terminal (:func:`visible`), so a prompt holding
+RIGHT-TO-LEFT OVERRIDE cannot reverse the bar, the numbers or the path printed after it.
+"""
+
+from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from rich.console import Console
+from rich.style import StyleType
+from rich.text import Text
 
 from jbkv_cli.distributed import rank_tag
 
-# Tables are wide: when stdout is not a terminal (pipes, CI logs), don't squeeze them into 80 cols.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+# The explicit directional formatting characters: embeddings, overrides, isolates and their ends.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+_VISIBLE = {ord(c): f"\\u{ord(c):04x}" for c in BIDI_CONTROLS}
+
+
+def visible(text: str) -> str:
+    """``text`` with every bidi control written as ``\\uXXXX``: shown, never obeyed."""
+    return text.translate(_VISIBLE)
+
+
+def plain(text: object, style: StyleType = "") -> Text:
+    """``text`` as a Rich ``Text`` shown literally (no markup, bidi controls visible), in
+    ``style``: the one way jbkv styles or tabulates a string that may hold user text."""
+    return Text(visible(str(text)), style=style)
+
+
+class PlainConsole(Console):
+    """A Rich console that prints strings as they are: no markup, no emoji codes, bidi controls
+    visible. Strings passed to ``print``, table cells, titles and captions all go through
+    :meth:`render_str`; ``Text`` objects are the caller's (make them with :func:`plain`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(markup=False, emoji=False, **kwargs)
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(visible(text), **kwargs)
+
+
+def _width(stream: Any) -> int | None:
+    # Tables are wide: when not a terminal (pipes, CI logs), don't squeeze them into 80 cols.
+    return None if stream.isatty() else 160
+
+
+out = PlainConsole(width=_width(sys.stdout))
+err = PlainConsole(stderr=True, width=_width(sys.stderr))
 # Errors have their own console: muting a rank's output (below) must never hide its error.
-_errors = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+_errors = PlainConsole(stderr=True, width=_width(sys.stderr))
 
 
 def warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/yellow] {message}", highlight=False)
+    """``warning: MESSAGE`` on stderr; ``message`` is plain text, printed as it is."""
+    line = Text.assemble(("warning:", "yellow"), " ", plain(message))
+    err.print(line, highlight=False, soft_wrap=True)
 
 
 def error(message: str) -> None:
-    """One line on stderr; inside a torchrun job it names the rank (``rank 1/4: …``)."""
-    _errors.print(
-        f"[bold red]error:[/bold red] {rank_tag()}{message}", highlight=False, soft_wrap=True
-    )
+    """One line on stderr, ``message`` printed as it is; inside a torchrun job it names the
+    rank (``rank 1/4: …``)."""
+    line = Text.assemble(("error:", "bold red"), " ", plain(rank_tag() + message))
+    _errors.print(line, highlight=False, soft_wrap=True)
 
 
 def mute() -> None:

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from jbkv_cli import distributed
 from jbkv_cli.attention import AttentionRecorder
-from jbkv_cli.console import err
+from jbkv_cli.console import err, visible
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metric_shards import merge_shards, save_scores
@@ -88,7 +88,7 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         yield None
         return
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),  # prompts are user text
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -179,7 +179,7 @@ def generate_all(
         for spec, vid, prompt, seed in mine:
             name = video_name(prompt, run.index_of(seed))
             if progress:
-                progress.update(videos_task, description=f"{vid} · {name[:40]}")
+                progress.update(videos_task, description=visible(f"{vid} · {name[:40]}"))
                 progress.reset(chunk_task)
             record = _generate_one(
                 model, run, spec, vid, name, prompt, seed, diagnostics, progress, chunk_task

@@ -13,6 +13,12 @@ run directory alone, with no external URL (no CDN, no web font):
 Videos are not copied: the page links the run's H.264 mp4s by relative path
 (``../videos/<variant>/<prompt>-<i>.mp4``), so the run directory is the unit to share or serve;
 ``report/`` alone holds the page, its two assets and the PNGs.
+
+Every piece of user text on the page (the prompt, the model, the run's name and settings, the
+variants' labels, the LPIPS note) is escaped and set in its own ``<bdi>``: a bidi control in it
+(a prompt holding U+202E RIGHT-TO-LEFT OVERRIDE) ends with its element and cannot reorder the
+text around it (`` · seed 0``, the scores). The ``<title>`` cannot hold elements: there the
+model's name is isolated with U+2068 … U+2069 (FIRST STRONG ISOLATE … POP DIRECTIONAL ISOLATE).
 """
 
 from __future__ import annotations
@@ -70,20 +76,20 @@ def _copy_asset(name: str, target: Path) -> None:
 def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
     """The page as a string; ``out_dir`` is where it will lie (relative links start there)."""
     rows = [ResultRow.from_dict(r) for r in data["rows"]]
-    title = f"jbkv report · {data.get('model')}"
+    model = data.get("model")
     settings = data.get("settings") or {}
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
     drift = drift_series(run, rows)
     note = lpips_note(rows)
     body = [
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="meta">run <code>{_e(run.root.name)}</code> · reference '
-        f"{_e(data.get('reference_precision'))} · {_e(shown)}</p>",
+        f"<h1>jbkv report · {_bdi(model)}</h1>",
+        f'<p class="meta">run <code>{_bdi(run.root.name)}</code> · reference '
+        f"{_e(data.get('reference_precision'))} · {_bdi(shown)}</p>",
         "<h2>Variants</h2>",
         '<p class="meta">Mean ± standard error over videos, each paired with the reference of '
         "the same prompt and seed; best per column in bold green. Click a header to sort.</p>",
         _table(rows),
-        f'<p class="note">LPIPS n/a: {_e(note)}</p>' if note else "",
+        f'<p class="note">LPIPS n/a: {_bdi(note)}</p>' if note else "",
         _gains(data.get("correction_gains") or []),
         "<h2>Figures</h2>",
         _figures(out_dir),
@@ -99,7 +105,7 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{_e(title)}</title>\n"
+        f"<title>jbkv report · {_e(FSI + str(model) + PDI)}</title>\n"
         '<link rel="icon" href="data:,">\n<link rel="stylesheet" href="report.css">\n'
         "</head>\n<body>\n" + "\n".join(b for b in body if b) + "\n"
         '<script src="report.js"></script>\n</body>\n</html>\n'
@@ -156,7 +162,8 @@ def _table(rows: list[ResultRow]) -> str:
                 k for k, on in (("text", c in text_cols), ("best", best.get(c) == r.variant)) if on
             ]
             cls = f' class="{" ".join(classes)}"' if classes else ""
-            tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{_e(text)}</td>')
+            cell = _bdi(text) if c in text_cols else _e(text)  # text cells are user text
+            tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{cell}</td>')
         ref = ' class="reference"' if r.is_reference else ""
         lines.append(f'<tr{ref} data-variant="{_e(r.variant)}">{"".join(tds)}</tr>')
     return (
@@ -185,10 +192,10 @@ def _gains(gains: list[ResultRow]) -> str:
             continue
         se = f" ± {d['se']:.2f}" if d.get("se") is not None else ""
         frac = g.get("recovered_fraction")
-        rec = f" ({frac:+.0%} of the gap to {g['gap_to']})" if frac is not None else ""
+        rec = f" ({frac:+.0%} of the gap to {_bdi(g['gap_to'])})" if frac is not None else ""
         items.append(
-            f"<li>{_e(g['correction'])} on {_e(g['label'])}: "
-            f"PSNR {d['mean']:+.2f}{se} dB paired{_e(rec)}</li>"
+            f"<li>{_bdi(g['correction'])} on {_bdi(g['label'])}: "
+            f"PSNR {d['mean']:+.2f}{_e(se)} dB paired{rec}</li>"
         )
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
@@ -222,7 +229,7 @@ def _drift(drift: dict[str, Any]) -> str:
         for v in drift["variants"]:
             by_chunk = {p["chunk"]: p for p in v[metric]}
             tds = "".join(_drift_cell(by_chunk.get(c), digits) for c in chunks)
-            body.append(f'<tr><td class="text">{_e(v["label"])}</td>{tds}</tr>')
+            body.append(f'<tr><td class="text">{_bdi(v["label"])}</td>{tds}</tr>')
         parts.append(
             f"<details{' open' if metric == 'psnr' else ''}><summary>{metric.upper()} per "
             f'{_e(unit)}</summary>\n<table class="sortable drift" data-metric="{metric}">'
@@ -267,7 +274,7 @@ def _videos(run: RunDir, rows: list[ResultRow], out_dir: Path, chunk_frames: int
             figures.append(
                 f'<figure data-variant="{_e(r.variant)}"><video src="{src}" muted loop '
                 f'playsinline preload="auto" width="{shown_w}"></video>'
-                f'<figcaption>{_e(r.label)}<br><span class="score">{_e(score)}</span>'
+                f'<figcaption>{_bdi(r.label)}<br><span class="score">{_e(score)}</span>'
                 "</figcaption></figure>"
             )
         if not figures:
@@ -276,7 +283,7 @@ def _videos(run: RunDir, rows: list[ResultRow], out_dir: Path, chunk_frames: int
         groups.append(
             f'<section class="sync-group" data-fps="{fps:g}" data-frames="{frames}" '
             f'data-chunk-frames="{chunk_frames}">'
-            f"<h3>{_e(ref['prompt'])} · seed {_e(ref['seed'])}</h3>"
+            f"<h3>{_bdi(ref['prompt'])} · seed {_e(ref['seed'])}</h3>"
             '<div class="controls"><button class="play" type="button">▶ play</button>'
             f'<input class="scrub" type="range" min="0" max="{duration:g}" step="{1 / fps:g}" '
             f'value="0" aria-label="scrub"><span class="time"></span></div>'
@@ -307,6 +314,14 @@ def _relative_url(path: Path, start: Path) -> str:
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
+
+
+FSI, PDI = "\u2068", "\u2069"  # FIRST STRONG ISOLATE, POP DIRECTIONAL ISOLATE
+
+
+def _bdi(value: Any) -> str:
+    """User text, escaped and isolated: a bidi control in it cannot reorder what follows."""
+    return f"<bdi>{_e(value)}</bdi>"
 
 
 __all__ = ["render_page", "video_order", "write_html_report"]

@@ -17,7 +17,9 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.results import ResultRow, Stat
@@ -322,7 +324,7 @@ def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -
     cols, cells, best = table_cells(rows, layout)
     compact = layout != LAYOUTS[0]
     table = Table(
-        title=title,
+        title=plain(title),
         title_justify="left",
         box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
         pad_edge=not compact,
@@ -332,11 +334,20 @@ def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -
     for c in cols:
         table.add_column(c, justify="left" if c in TEXT_COLUMNS else "right", no_wrap=True)
     for r, row_cells in zip(rows, cells, strict=True):
-        styled = []
-        for c, text in zip(cols, row_cells, strict=True):
-            styled.append(f"[bold green]{text}[/]" if best.get(c) == r.variant else text)
+        styled = [
+            _rich_cell(text, c, best.get(c) == r.variant)
+            for c, text in zip(cols, row_cells, strict=True)
+        ]
         table.add_row(*styled, style="bold" if r.is_reference else None)
     return table
+
+
+def _rich_cell(text: str, column: str, best: bool) -> Text | str:
+    """A cell of the Rich table: the best value bold green; text columns hold user text (labels
+    read from the run), so they are ``Text``, never markup; numbers stay strings."""
+    if best:
+        return plain(text, "bold green")
+    return plain(text) if column in TEXT_COLUMNS else text
 
 
 def print_table(console: Console, rows: list[ResultRow], title: str) -> None:
@@ -388,7 +399,7 @@ def vbench_table(entries: list[tuple[str, dict[str, Any]]], sep: str | None = " 
         header = c if c == "variant" else c.replace("_", "\n")
         table.add_column(header, justify="left" if c == "variant" else "right", no_wrap=True)
     for row in cells:
-        table.add_row(*row)
+        table.add_row(plain(row[0]), *row[1:])  # the variant's label is user text
     return table
 
 

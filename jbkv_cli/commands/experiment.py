@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,7 +32,7 @@ from jbkv_cli.commands.options import (
     parse_seeds,
     read_prompt_items,
 )
-from jbkv_cli.console import err, out, warn
+from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.experiment import (
     ABLATIONS,
@@ -63,6 +64,7 @@ from jbkv_cli.report import (
     to_json,
     to_markdown,
 )
+from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir
 
 
@@ -211,12 +213,12 @@ def _pruner(name: str, options: dict[str, dict[str, Any]]) -> KVPruner | None:
 
 
 def _summary_line(summary, run: RunDir) -> None:
-    err.print(
-        f"[bold]{summary.generated}[/] videos generated, {summary.skipped} already done · "
+    rest = (
+        f" videos generated, {summary.skipped} already done · "
         f"{summary.seconds:.1f} s · peak KV cache {summary.peak_kv_bytes / 2**20:.2f} MB · "
-        f"run: {run.root}" + _per_rank(summary.per_rank),
-        highlight=False,
+        f"run: {run.root}" + _per_rank(summary.per_rank)
     )
+    err.print(plain(summary.generated, "bold") + plain(rest), highlight=False)
 
 
 def _per_rank(counts: list[int]) -> str:
@@ -419,7 +421,7 @@ def quantize_eval(
     for name in names:  # every model's options and weights, before the first one runs
         _check_load(name, model_opts[name])
     distributed.setup(device)
-    results = []
+    results, shows = [], []
     for name, items in work.items():
         m = _load(name, model_opts[name])
         model_specs = _fitting_specs(m, specs) if frontier else specs
@@ -429,16 +431,19 @@ def quantize_eval(
         run = open_run(root, name, m.settings)
         scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
         summary = generate_all(m, run, model_specs, items, scoring=scoring)
-        _summary_line(summary, run)
-        status = scoring.status
+        shows.append(partial(_summary_line, summary, run))
         if vbench:
             _run_vbench(run)
         if distributed.is_main():  # under torchrun rank 0 alone renders and writes the report
-            results.append(_render_run(run, plots=plots, lpips_status=status))
+            data, show = _write_report(run, plots=plots, lpips_status=scoring.status)
+            results.append(data)
+            shows.append(show)
     if json_path is not None and distributed.is_main():
         data = results[0] if len(results) == 1 else {"runs": results}
         write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
-        err.print(f"wrote {json_path}", highlight=False)
+        shows.append(partial(err.print, f"wrote {json_path}", highlight=False))
+    for show in shows:  # every file is written: a failure while printing cannot lose a result
+        show()
 
 
 def _run_vbench(run: RunDir) -> None:
@@ -459,9 +464,37 @@ def _run_vbench(run: RunDir) -> None:
     )
 
 
-def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) -> dict[str, Any]:
+def _write_report(
+    run: RunDir, *, plots: bool, lpips_status: str | None = None
+) -> tuple[dict[str, Any], Callable[[], None]]:
+    """Write RUN/report (results.json, table.md, the figures, index.html); return the report's
+    data and the function that prints it (the table, the gains, the files written). Files
+    first, so a failure while printing never loses what was computed."""
+    from jbkv_cli.html_report import write_html_report
+
     rows = build_rows(run)
     data = to_json(run, rows)
+    report_dir = run.root / "report"
+    write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
+    write_text_atomic(report_dir / "table.md", to_markdown(rows))
+    made = []
+    if plots:
+        from jbkv_cli.plots import make_plots
+
+        made = make_plots(run, rows, report_dir)
+    page = write_html_report(run, data, report_dir)
+    return data, partial(_print_report, run, rows, data, made, page, lpips_status)
+
+
+def _print_report(
+    run: RunDir,
+    rows: list[ResultRow],
+    data: dict[str, Any],
+    made: list[Path],
+    page: Path,
+    lpips_status: str | None,
+) -> None:
+    """What quantize-eval prints of a run's report (:func:`_write_report` wrote its files)."""
     settings = run.manifest.get("settings", {})
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
     print_table(out, rows, f"{run.manifest.get('model')} · {shown}")
@@ -489,19 +522,9 @@ def _render_run(run: RunDir, *, plots: bool, lpips_status: str | None = None) ->
                 f"reference's ({split} MB)",
                 highlight=False,
             )
-    report_dir = run.root / "report"
-    write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
-    write_text_atomic(report_dir / "table.md", to_markdown(rows))
-    if plots:
-        from jbkv_cli.plots import make_plots
-
-        made = make_plots(run, rows, report_dir)
-        if made:
-            err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
-    from jbkv_cli.html_report import write_html_report
-
-    err.print(f"page: {write_html_report(run, data, report_dir)}", highlight=False)
-    return data
+    if made:
+        err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    err.print(f"page: {page}", highlight=False)
 
 
 def report(
@@ -558,6 +581,11 @@ def report(
             f"{len(unscored)} variant(s) not scored yet (PSNR/SSIM show —): "
             f"run `jbkv report {run.root} --score`"
         )
+    made = []  # the figures first: a failure while printing cannot lose them
+    if plots and fmt != "html":
+        from jbkv_cli.plots import make_plots
+
+        made = make_plots(run, rows, run.root / "report")
     if fmt == "table":
         print_table(out, rows, f"{run.manifest.get('model')} · {run.root}")
         note = lpips_note(rows)
@@ -571,20 +599,18 @@ def report(
         typer.echo(to_csv(rows), nl=False)
     else:
         typer.echo(_write_html(run, rows))
-    if plots and fmt != "html":
-        from jbkv_cli.plots import make_plots
-
-        for p in make_plots(run, rows, run.root / "report"):
-            err.print(f"wrote {p}", highlight=False)
+    for p in made:
+        err.print(f"wrote {p}", highlight=False)
     if base is not None:
         gate = check_baseline(to_json(run, rows), base, tol)
         if not gate.passed:
             for p in gate.problems:
-                err.print(f"[red]gate:[/] {p}", highlight=False, soft_wrap=True)
+                err.print(plain("gate:", "red") + plain(f" {p}"), highlight=False, soft_wrap=True)
             raise JbkvError(
                 f"gate failed against {baseline}: {len(gate.problems)} problem(s) above"
             )
-        err.print(f"[green]gate passed[/]: {gate.summary()} against {baseline}", highlight=False)
+        passed = plain(f": {gate.summary()} against {baseline}")
+        err.print(plain("gate passed", "green") + passed, highlight=False)
 
 
 def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:

@@ -11,11 +11,11 @@ from typing import Annotated
 
 import torch
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from jbkv_cli import distributed
 from jbkv_cli.atomic import write_text_atomic
+from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
 from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
@@ -89,10 +89,7 @@ def fidelity_command(
         # torchrun stop rank 0 before it has.
         return 0
 
-    out, err = Console(), Console(stderr=True)
-    for warning in result.warnings:
-        err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
-    out.print(results_table(result))
+    # the files first: a failure while printing cannot lose them
     if json_path is not None:
         payload = result.to_dict()
         payload["thresholds"] = {"min_psnr": min_psnr, "min_ssim": min_ssim, "max_lpips": max_lpips}
@@ -100,8 +97,11 @@ def fidelity_command(
         write_text_atomic(json_path, json.dumps(payload, indent=2) + "\n")
     if csv_path is not None:
         write_text_atomic(csv_path, results_csv(result.videos))
+    for warning in result.warnings:
+        warn(warning)
+    out.print(results_table(result))
     if violations:
-        err.print(f"[red]{len(violations)} threshold violation(s):[/red]", highlight=False)
+        err.print(plain(f"{len(violations)} threshold violation(s):", "red"), highlight=False)
         for line in violations:
             err.print(f"  {line}", highlight=False, soft_wrap=True)
         return 1
@@ -129,7 +129,7 @@ def threshold_violations(
 def results_table(result: FidelityResult) -> Table:
     """Per-video rows plus a mean ± SE row."""
     with_lpips = any(v.lpips is not None for v in result.videos)
-    table = Table(title=f"fidelity: {result.test_dir} vs {result.ref_dir}")
+    table = Table(title=plain(f"fidelity: {result.test_dir} vs {result.ref_dir}"))
     table.add_column("video")
     table.add_column("frames", justify="right")
     table.add_column("PSNR dB", justify="right")
@@ -138,7 +138,7 @@ def results_table(result: FidelityResult) -> Table:
         table.add_column("LPIPS", justify="right")
     table.add_column("identical", justify="right")
     for v in result.videos:
-        row = [v.name, str(v.frames), f"{v.psnr:.2f}", f"{v.ssim:.4f}"]
+        row = [plain(v.name), str(v.frames), f"{v.psnr:.2f}", f"{v.ssim:.4f}"]
         if with_lpips:
             row.append("—" if v.lpips is None else f"{v.lpips:.4f}")
         table.add_row(*row, str(v.identical_frames))
@@ -156,7 +156,7 @@ def results_table(result: FidelityResult) -> Table:
     lpips = "AlexNet, [-1, 1]" if with_lpips else result.lpips_status
     if lpips.startswith("LPIPS unavailable"):
         lpips = "unavailable (see warning)"
-    table.caption = (
+    table.caption = plain(
         f"skip_frames={result.skip_frames}; per-frame PSNR capped at {PSNR_CAP_DB:g} dB "
         f"(identical frames); LPIPS: {lpips}"
     )

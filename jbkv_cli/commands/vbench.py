@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from jbkv_cli import distributed
-from jbkv_cli.console import err, out, warn
+from jbkv_cli.console import err, out, plain, visible, warn
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_env import default_root, locate_env, require_env, setup_env
 from jbkv_cli.metrics.vbench_run import (
@@ -58,11 +58,11 @@ def print_weights(long_mode: bool = True, detectron2: bool | None = None) -> Non
     for dim, missing in weights_status(DIMENSIONS, long_mode).items():
         pkgs = [p for p in EXTRA_PACKAGES.get(dim, ()) if detectron2 is False]
         if not missing and not pkgs:
-            table.add_row(dim, "[green]ready[/green]")
+            table.add_row(plain(dim), plain("ready", "green"))
             continue
         parts = [f"{len(missing)} file(s) missing"] if missing else []
         parts += [f"package {p} missing (not on PyPI)" for p in pkgs]
-        table.add_row(dim, f"[red]{'; '.join(parts)}[/red]")
+        table.add_row(plain(dim), plain("; ".join(parts), "red"))
         lines += [f"{dim}: {m.path}  <- {m.source}" for m in missing]
     out.print(table)
     if lines:
@@ -91,7 +91,7 @@ def setup_command(
             root,
             python,
             reuse_torch=not install_torch,
-            log=lambda m: status.update(m[:120]),
+            log=lambda m: status.update(plain(m[:120])),
             force=force,
         )
     seconds = time.perf_counter() - t0
@@ -114,8 +114,8 @@ def status_command(
         detectron2 = None
     else:
         problems = env.problems()
-        state = "[green]ready[/green]" if not problems else f"[red]{problems[0]}[/red]"
-        out.print(f"VBench environment: {env.path} {state}")
+        state = plain("ready", "green") if not problems else plain(problems[0], "red")
+        out.print(plain(f"VBench environment: {env.path} ") + state)
         detectron2 = env.info.get("check", {}).get("optional", {}).get("detectron2")
     print_weights(True, detectron2)
 
@@ -177,7 +177,7 @@ def run_command(
         )
 
     progress = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -187,11 +187,11 @@ def run_command(
 
     def on_event(variant: str, kind: str, event: dict[str, Any]) -> None:
         if variant not in tasks:
-            tasks[variant] = progress.add_task(variant, total=len(config.dimensions))
+            tasks[variant] = progress.add_task(visible(variant), total=len(config.dimensions))
         task = tasks[variant]
         dim = event.get("dimension", "")
         if kind == "start":
-            progress.update(task, description=f"{variant}: {dim}")
+            progress.update(task, description=visible(f"{variant}: {dim}"))
         elif kind in ("done", "cached"):
             progress.advance(task)
         elif kind == "error":

@@ -15,7 +15,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from jbkv_cli.console import err, error, out, warn
+from jbkv_cli import distributed
+from jbkv_cli.console import err, error, out, plain, visible, warn
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
 from jbkv_cli.weights.manifest import MIRROR_ENV, WeightEntry, resolve_mirror
@@ -54,7 +55,9 @@ def status_command(
         s = entry_status(entry, verify=verify)
         style = _STYLE.get(s.state, "")
         table.add_row(
-            entry.name, entry.group, f"[{style}]{s.state}[/]", entry.pinned, str(s.path), s.detail
+            *map(plain, (entry.name, entry.group)),
+            plain(s.state, style),
+            *map(plain, (entry.pinned, s.path, s.detail)),
         )
     out.print(table)
 
@@ -68,6 +71,7 @@ def fetch_command(
     ] = False,
 ) -> None:
     """Download to the conventional locations: resumable, SHA-256 checked, atomic."""
+    _refuse_torchrun()
     entries = _select(targets)
     try:
         base = resolve_mirror(mirror)
@@ -90,26 +94,37 @@ def fetch_command(
         if entry.pinned == "nothing":
             warn(f"{entry.name}: not verified, nothing is pinned ({entry.hash_source})")
         checked = "unverified" if entry.pinned == "nothing" else f"{entry.pinned} checked"
-        err.print(f"[green]{entry.name}[/]: {path} ({checked})", highlight=False)
+        err.print(plain(entry.name, "green") + plain(f": {path} ({checked})"), highlight=False)
     if failures:
         raise typer.Exit(1)  # each failure already printed its one line
 
 
 def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task(entry.name, total=entry.size)
+    # no bar where stderr is not a terminal (logs, pipes): it would only leave blank lines
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task(visible(entry.name), total=entry.size)
 
         def report(done: int, total: int | None) -> None:
             progress.update(task, completed=done, total=total)
 
-        return fetch_entry(entry, mirror=mirror, progress=report)
+        return fetch_entry(entry, mirror=mirror, progress=report, warn=warn)
+
+
+def _refuse_torchrun() -> None:
+    """Ranks of one job would stream into the same ``.part``: fetching is one process's job."""
+    job = distributed.launch()  # a malformed torchrun environment is a usage error itself
+    if job is not None:
+        raise UsageError(
+            f"weights fetch runs as one process, not under torchrun (WORLD_SIZE="
+            f"{job.world_size}); run it once before the job"
+        )
 
 
 def _select(targets: list[str] | None) -> list[WeightEntry]:
