@@ -1,7 +1,7 @@
 """Bytes written to save fidelity scores one video at a time: per-video files vs the old scheme.
 
 A run scores each video as soon as it is made and saves the score at once (so a kill loses at
-most that one). jbkv before 0.3 saved it by rewriting the variant's whole metrics file
+most that one). jbkv used to save it by rewriting the variant's whole metrics file
 (``metrics/fidelity/<variant>.json``), so saving N scores wrote 1 + 2 + … + N entries: bytes
 growing with N². jbkv now writes one file per video (:mod:`jbkv_cli.metric_shards`): N entries.
 
@@ -77,7 +77,7 @@ def entry(name: str, frames: int, rng: random.Random) -> dict[str, Any]:
 
 
 def save_old(run: RunDir, name: str, score: dict[str, Any], held: dict[str, Any]) -> None:
-    """jbkv < 0.3: add the score to the variant's scores and rewrite the whole file. (The old
+    """The old scheme: add the score to the variant's scores and rewrite the whole file. (The old
     code read the file back first; ``held`` keeps it in memory instead: that cost time, not
     bytes written.)"""
     held[name] = score

@@ -5,7 +5,7 @@ Each score goes into its own file, written atomically::
     RUN/metrics/<kind>/<variant>/<video name>.json     one video's scores
 
 Saving a score never rewrites another one (writing the whole variant's file after every video,
-as jbkv did before 0.3, wrote bytes growing with the square of the videos per variant: about
+as jbkv did before, wrote bytes growing with the square of the videos per variant: about
 6 GB of JSON for 1,435 videos of 81 frames, against 8 MB now; ``benchmarks/metrics_writes.py``). A kill at any moment loses at most the score being
 written, whose temp file the next run deletes; and because each video is scored by exactly one
 rank of a torchrun job, no two ranks ever write the same file, so nothing needs merging.

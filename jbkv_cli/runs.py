@@ -8,7 +8,7 @@ Layout (design.md §5)::
     RUN/videos/<variant>/<prompt>-<i>.mp4   H.264 for people and VBench ({prompt}-{index} naming)
     RUN/videos/<variant>/<prompt>-<i>.json  the record; written last, so it marks the video done
     RUN/metrics/fidelity/<variant>/<prompt>-<i>.json   one video's paired scores vs the reference
-    RUN/metrics/fidelity/<variant>.json     a variant's scores as runs before jbkv 0.3 wrote them
+    RUN/metrics/fidelity/<variant>.json     a variant's scores as older runs kept them
                                             (read, never rewritten; a per-video file wins)
 
 Every file is written atomically (temp file + rename). A video counts as finished only when its
@@ -356,7 +356,7 @@ class RunDir:
     # --- metrics ------------------------------------------------------------------------------
 
     def metrics_path(self, kind: str, vid: str) -> Path:
-        """A variant's scores as one file (runs before jbkv 0.3; read, never rewritten)."""
+        """A variant's scores as one file (older runs; read, never rewritten)."""
         return self.root / "metrics" / kind / f"{vid}.json"
 
     def score_path(self, kind: str, vid: str, name: str) -> Path:

@@ -40,7 +40,7 @@ from jbkv_cli.runs import RunDir
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 INT2 = "int2-rtn-g32"
-LEGACY = "int4-rtn-g32"  # its scores are moved into one file, as runs before 0.3 kept them
+LEGACY = "int4-rtn-g32"  # its scores are moved into one file, as older runs kept them
 VBENCH = {
     "settings": {"mode": "long_custom_input"},
     "variants": {

@@ -117,7 +117,7 @@ def test_ranks_write_one_file_per_video_over_the_old_variant_file(tmp_path, as_r
 
 
 def test_shards_of_an_older_version_are_moved_into_per_video_files(tmp_path, no_torchrun):
-    """A killed torchrun job of jbkv < 0.3 left per-rank shards: they are moved (a score already
+    """A killed torchrun job of an older jbkv left per-rank shards: they are moved (a score already
     in its own file is newer and kept), then deleted; a kill before the delete is harmless."""
     run = _run(tmp_path)
     shards = tmp_path / "metrics/shards/fidelity/int4"

@@ -1,6 +1,6 @@
 """Saving scores one video at a time writes bytes linear in the videos (issue 22, item 21).
 
-Before jbkv 0.3 each score rewrote its variant's whole metrics file: 1,000 scores wrote ~100
+jbkv used to rewrite a variant's whole metrics file per score: 1,000 scores wrote ~100
 times the bytes of 100. Now each is its own file: ~10 times. ``benchmarks/metrics_writes.py``
 measures both schemes at realistic sizes; this keeps the new one linear.
 """
