@@ -14,14 +14,16 @@ without touching the files of a live one (another rank of the same run, say).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from jbkv_cli import lifecycle
 from jbkv_cli.errors import JbkvError, UsageError
 
 _HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
@@ -54,6 +56,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
+        lifecycle.test_point("writing", target.name)
         yield tmp
         os.chmod(tmp, FILE_MODE)
         _fsync(tmp)
@@ -112,8 +115,21 @@ def remove_stale_temps(root: Path) -> int:
     A temp file of this host is stale when its process no longer exists; one of another host
     (a shared filesystem) when it is older than a day.
     """
+    return _remove_stale(Path(root).rglob(".*.tmp*"))
+
+
+def remove_stale_temps_of(path: str | os.PathLike[str]) -> int:
+    """Delete the stale temp files of one target (what a killed writer of ``path`` left next to
+    it); return how many. Other files in its folder are not looked at."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        return 0
+    return _remove_stale(target.parent.glob(f".{glob.escape(target.name)}.~*~*~*.tmp*"))
+
+
+def _remove_stale(candidates: Iterable[Path]) -> int:
     removed = 0
-    for path in Path(root).rglob(".*.tmp*"):
+    for path in candidates:
         m = _TEMP.match(path.name)
         if m is None or not path.is_file():
             continue

@@ -568,7 +568,10 @@ def report(
         check_writable_dir(run.root / "report", "report folder")
     if score:
         check_writable_dir(run.root / "metrics", "metrics folder")
+        distributed.setup()  # under torchrun: each rank scores a share of the pairs
         score_fidelity(run, lpips=lpips)
+    if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports
+        return
     rows = build_rows(run)
     unscored = [
         r.variant
