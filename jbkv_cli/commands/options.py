@@ -170,7 +170,9 @@ def model_options(
     models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The options for ``model``: the flags, then ``-o KEY=VALUE`` (every model) and
-    ``-o MODEL.KEY=VALUE`` (that model only; ``models`` are the names a scope may take)."""
+    ``-o MODEL.KEY=VALUE`` (that model only; ``models`` are the names a scope may take).
+    ``-o`` values stay strings: each model parses them by its declared option types and bounds
+    (:func:`jbkv_cli.fields.parse_options` in its ``check_options``)."""
     opts: dict[str, Any] = {}
     for key, value in (
         ("weights", weights),
@@ -194,25 +196,48 @@ def model_options(
                 )
             if scope != model:
                 continue
-        opts[(name if dot else key).strip().replace("-", "_")] = _coerce(value.strip())
+        opts[(name if dot else key).strip().replace("-", "_")] = value.strip()
     return opts
 
 
 def parse_method_options(items: list[str] | None, methods: tuple[str, ...]) -> dict[str, dict]:
-    """``["quarot.seed=1", "qvg.centroids=16"]`` -> ``{"quarot": {"seed": 1}, ...}``."""
+    """``["quarot.seed=1", "qvg.centroids=16"]`` -> ``{"quarot": {"seed": 1}, ...}``.
+
+    ``methods`` are the method and pruner names a scope may take. Each value is parsed by the
+    option's declared type and bounds (:mod:`jbkv_cli.fields`) into its canonical value, so a
+    bad one is a usage error naming the option and its range before anything is built.
+    """
+    from jbkv_cli.fields import parse_options, specs_of
+
     out: dict[str, dict[str, Any]] = {}
     for item in items or []:
         target, sep, value = item.partition("=")
         name, dot, key = target.strip().rpartition(".")
-        if not sep or not dot or not key:
+        if not sep or not dot or not key.strip():
             raise UsageError(f"bad --method-option {shown(item)}: use METHOD.KEY=VALUE")
         if name not in methods:
             raise UsageError(
-                f"--method-option {shown(item)}: unknown method {name!r} "
+                f"--method-option {shown(item)}: unknown method {shown(name)} "
                 f"(known: {', '.join(methods)})"
             )
-        out.setdefault(name, {})[key.replace("-", "_")] = _coerce(value.strip())
+        key = key.strip().replace("-", "_")
+        if key in getattr(_option_class(name), "UNUSED_OPTIONS", ()):
+            raise UsageError(f"bad --method-option {shown(item)}: {name} does not use {key}")
+        try:
+            parsed = parse_options(specs_of(_option_class(name)), {key: value.strip()}, name)
+        except ValueError as exc:
+            raise UsageError(f"bad --method-option {shown(item)}: {exc}") from None
+        out.setdefault(name, {}).pop(key, None)
+        out[name].update(parsed)
     return out
+
+
+def _option_class(name: str) -> type:
+    """The method or pruner class registered as ``name``."""
+    from jbkv_cli.prune.registry import PRUNERS
+    from jbkv_cli.quant.registry import METHODS
+
+    return METHODS.get(name) or PRUNERS[name]
 
 
 def resolve_device(device: str | None) -> str:
@@ -225,12 +250,3 @@ def resolve_device(device: str | None) -> str:
     if not (device == "cpu" or device.startswith("cuda")):
         raise UsageError(f"--device must be cpu or cuda[:N], got {device!r}")
     return device
-
-
-def _coerce(value: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(value.lower(), value)
