@@ -226,7 +226,7 @@ def parse_options(
         spec = specs.get(name)
         if spec is None or not spec.cli:
             known = ", ".join(n for n, s in specs.items() if s.cli) or "none"
-            raise error(f"{owner} has no option {name!r} (options: {known})")
+            raise error(f"unknown {owner} option {name!r}; known: {known}")
         if raw is None:
             continue
         try:

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.attention.correction import CORRECTIONS
-from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.resources import PROMPTS_DIR
 
 PromptsOpt = Annotated[
@@ -140,23 +141,28 @@ def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[
             raise UsageError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
     if spec is not None:
         path = Path(spec)
-        if not path.is_file():
+        if not path.exists() or path.is_dir():
             named = PROMPTS_DIR / f"{spec}.txt"
             if not named.is_file():
                 sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
                 raise UsageError(
-                    f"no prompt file {spec!r} (named sets: {', '.join(sets) or 'none'})"
+                    f"no prompt file {shown(spec)} (named sets: {', '.join(sets) or 'none'})"
                 )
             path = named
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise JbkvError(f"cannot read prompts from {path}: {exc}") from exc
+        lines = prompt_lines(read_text(path, "prompt file", MAX_TEXT_BYTES))
         prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     prompts += [p.strip() for p in extra or [] if p.strip()]
     if not prompts:
         raise UsageError(f"no prompts in {spec}")
     return list(dict.fromkeys(prompts))
+
+
+def prompt_lines(text: str) -> list[str]:
+    """The lines of a prompt file: split on ``\\n`` and ``\\r\\n`` only. ``str.splitlines``
+    also splits on U+0085, U+000C, U+2028, U+2029 (and more), which would cut one prompt into
+    several; such a character stays in its line, where :func:`~jbkv_cli.runs.check_prompt`
+    refuses it by name."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def model_options(

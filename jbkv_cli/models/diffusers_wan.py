@@ -11,7 +11,6 @@ in code) so whole generation paths run on a CPU in tests.
 from __future__ import annotations
 
 import html
-import json
 import string
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 
 from jbkv_cli.errors import UsageError, WeightsNotFoundError
 from jbkv_cli.fields import Spec
+from jbkv_cli.jsonio import FileReadError, read_json
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import Video
@@ -70,9 +70,9 @@ def transformer_config(root: Path, class_name: str, expected: str) -> dict[str, 
     :class:`WeightsNotFoundError` (``expected`` says what should be there)."""
     path = root / "transformer" / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsNotFoundError(f"malformed {path}: {first_line(exc)}") from exc
+        config = read_json(path, finite=False)  # a regular file, at most 64 MiB
+    except FileReadError as exc:
+        raise WeightsNotFoundError(f"malformed {path}: {exc.reason}") from exc
     found = config.get("_class_name") if isinstance(config, dict) else None
     if found != class_name:
         raise WeightsNotFoundError(

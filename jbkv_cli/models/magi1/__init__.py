@@ -19,13 +19,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.fields import Spec, parse_options
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.models import limits
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.magi1.checkpoint import load_strict, locate, read_state_dict
@@ -173,7 +173,9 @@ def load_vae(directory, device: str = "cpu", dtype: torch.dtype = torch.float32)
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
+    raw = read_json(directory / "config.json", "MAGI-1 VAE config", finite=False)
+    if not isinstance(raw, dict):
+        raise JbkvError(f"{directory / 'config.json'} is not a JSON object")
     if raw.get("model_type", "vit") != "vit":
         raise JbkvError(f"unsupported MAGI-1 VAE model_type {raw.get('model_type')!r}")
     cfg = VAEConfig.from_dict(raw.get("ddconfig", raw))
