@@ -198,9 +198,31 @@ def option(default: Any, kind: Kind, **spec: Any) -> Any:
     return field(default=default, metadata={SPEC: Spec(kind, **spec)})
 
 
-def specs_of(cls: type) -> dict[str, Spec]:
-    """The declared option fields of a dataclass (type or instance), in field order."""
+def declared_specs(cls: type) -> dict[str, Spec]:
+    """The fields of a dataclass (type or instance) declared with :func:`option`."""
     return {f.name: f.metadata[SPEC] for f in fields(cls) if SPEC in f.metadata}
+
+
+def specs_of(cls: type) -> dict[str, Spec]:
+    """Every field's spec, in field order: the declared one, else one inferred from the field's
+    default and annotation (a method written elsewhere with plain fields, ``sigmas: float =
+    3.0``, is typed but unbounded); a field whose type cannot be told is left out (not
+    settable with ``-M``, not checked)."""
+    out = {}
+    for f in fields(cls):
+        spec = f.metadata.get(SPEC) or _inferred(f)
+        if spec is not None:
+            out[f.name] = spec
+    return out
+
+
+def _inferred(f: Any) -> Spec | None:
+    annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    optional = f.default is None or "None" in annotation or "Optional" in annotation
+    for kind, cls in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if type(f.default) is cls or (f.default is None and kind in annotation.split("|")[0]):
+            return Spec(kind, optional=optional)  # type: ignore[arg-type]
+    return None
 
 
 def check_fields(obj: Any, owner: str) -> None:
@@ -236,4 +258,13 @@ def parse_options(
     return out
 
 
-__all__ = ["MAX_SEED", "SPEC", "Spec", "check_fields", "option", "parse_options", "specs_of"]
+__all__ = [
+    "MAX_SEED",
+    "SPEC",
+    "Spec",
+    "check_fields",
+    "declared_specs",
+    "option",
+    "parse_options",
+    "specs_of",
+]

@@ -100,12 +100,12 @@ def test_every_method_and_pruner_field_declares_its_type_and_bounds():
     """A new option cannot be added without a Spec (so it cannot skip validation)."""
     from dataclasses import fields
 
-    from jbkv_cli.fields import specs_of
+    from jbkv_cli.fields import declared_specs
     from jbkv_cli.prune.registry import PRUNERS
     from jbkv_cli.quant.registry import METHODS
 
     for cls in (*METHODS.values(), *PRUNERS.values()):
-        assert [f.name for f in fields(cls)] == list(specs_of(cls)), cls.__name__
+        assert [f.name for f in fields(cls)] == list(declared_specs(cls)), cls.__name__
 
 
 def test_every_model_option_has_a_spec():
