@@ -14,13 +14,13 @@ passes only when it compared something real:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.results import ResultRow
 
 TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
@@ -70,11 +70,7 @@ def parse_tolerances(text: str | None) -> dict[str, float]:
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """Read and validate a baseline; any problem is one line naming the file and the field."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read baseline {path}: {reason}") from exc
+    data = read_json(path, "baseline", finite=False)  # regular file, <= 64 MiB; values: below
     problem = _shape_problem(data)
     if problem:
         raise JbkvError(f"baseline {path} is not a jbkv result: {problem}")

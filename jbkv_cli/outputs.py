@@ -15,13 +15,13 @@ Paths are compared after resolving symlinks, so a link into a run folder is refu
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from jbkv_cli.atomic import check_writable_file
-from jbkv_cli.errors import UsageError
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.run_schema import manifest_problem
 
 MANIFEST = "manifest.json"
@@ -83,6 +83,6 @@ def _is_run(folder: Path) -> bool:
             return False
         if (folder / "videos").is_dir():
             return True
-        return manifest_problem(json.loads(manifest.read_text(encoding="utf-8"))) is None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return manifest_problem(read_json(manifest)) is None
+    except (OSError, JbkvError):
         return False

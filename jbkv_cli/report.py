@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from rich.text import Text
 from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.run_schema import BIG, vbench_problem
 from jbkv_cli.runs import RunDir, video_name
@@ -43,11 +43,7 @@ def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
     path = run.root / "metrics" / "vbench.json"
     if not path.is_file():
         return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read {path}: {reason}") from exc
+    doc = read_json(path)
     problem = vbench_problem(doc)
     if problem:
         raise JbkvError(

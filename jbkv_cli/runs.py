@@ -31,15 +31,23 @@ import datetime as _dt
 import json
 import platform
 import subprocess
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from jbkv_cli import __version__
-from jbkv_cli.atomic import check_writable_dir, is_temp, remove_stale_temps, write_text_atomic
+from jbkv_cli.atomic import (
+    check_writable_dir,
+    is_temp,
+    max_name_bytes,
+    remove_stale_temps,
+    write_text_atomic,
+)
 from jbkv_cli.console import warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.kvcache.spec import LEGACY_REFERENCE_ID, REFERENCE_ID, KVSpec
 from jbkv_cli.locks import locked
 from jbkv_cli.models.base import Video
@@ -66,32 +74,46 @@ def video_name(prompt: str, index: int) -> str:
     return f"{prompt}-{index}"
 
 
-MAX_PROMPT_BYTES = 200
+# A video's files are {prompt}-{index}{suffix}; the longest suffix is the record's, and an index
+# of up to INDEX_DIGITS digits (a million seeds in one run folder) is provided for. The longest
+# prompt is then what the atomic writer's temp name of that file leaves of NAME_MAX on any host.
+LONGEST_SUFFIX = max((LOSSLESS_SUFFIX, ".mp4", ".json"), key=len)
+INDEX_DIGITS = 6
+MAX_PROMPT_BYTES = max_name_bytes(LONGEST_SUFFIX) - len("-") - INDEX_DIGITS - len(LONGEST_SUFFIX)
+_NOT_IN_NAMES = ("Cc", "Cs", "Zl", "Zp")  # controls (NUL, line breaks, …), surrogates, separators
 
 
 def check_prompt(prompt: str) -> str:
-    """The prompt, stripped, if it can name a file (``{prompt}-{index}``); else a usage error."""
+    """The prompt, stripped, if it can name a file (``{prompt}-{index}``); else a usage error.
+
+    Refused: ``/`` and ``\\``, a leading ``.``, control characters (NUL, line breaks, U+0085,
+    tabs, …), line and paragraph separators (U+2028, U+2029), bytes that were not UTF-8 on the
+    command line (surrogates), and more than :data:`MAX_PROMPT_BYTES` UTF-8 bytes.
+    """
     prompt = prompt.strip()
     if not prompt:
         raise UsageError("empty prompt")
-    if any(c in prompt for c in "/\\\0\n\r") or prompt.startswith("."):
+    bad = next((c for c in prompt if unicodedata.category(c) in _NOT_IN_NAMES), None)
+    if bad is not None:
         raise UsageError(
-            f"prompt {shown(prompt)} cannot name a file (no '/', '\\', line breaks or leading '.')"
+            f"prompt {shown(prompt)} cannot name a file: it holds U+{ord(bad):04X} (no control "
+            "characters, line breaks or text that is not UTF-8)"
         )
-    if len(prompt.encode()) > MAX_PROMPT_BYTES:
+    if any(c in prompt for c in "/\\") or prompt.startswith("."):
+        raise UsageError(f"prompt {shown(prompt)} cannot name a file (no '/', '\\' or leading '.')")
+    size = len(prompt.encode())
+    if size > MAX_PROMPT_BYTES:
         raise UsageError(
             f"prompt {shown(prompt)} is too long to name a file "
-            f"({len(prompt.encode())} bytes > {MAX_PROMPT_BYTES})"
+            f"({size} bytes of UTF-8 > {MAX_PROMPT_BYTES})"
         )
     return prompt
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read {path}: {reason}") from exc
+    """A run file's JSON; anything else (a FIFO or device in its place, a huge or deep file,
+    ``NaN``) is one ``cannot read PATH: reason`` line (:mod:`jbkv_cli.jsonio`)."""
+    return read_json(path)
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -247,6 +247,21 @@ def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, 
     assert row["psnr"]["n"] == 1  # the damaged score, or the unfinished video's, is left out
 
 
+def test_a_fifo_in_place_of_a_record_or_a_score_is_named_not_read(copied):
+    """A FIFO blocks a reader that opens it; jbkv reads only regular files (jsonio)."""
+    import os
+
+    for path in (_damaged_file(copied, "record"), _damaged_file(copied, "score")):
+        path.unlink()
+        os.mkfifo(path)
+    r = subprocess.run(
+        [JBKV, "report", str(copied)], capture_output=True, text=True, cwd=copied, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    warned = [w for w in _messages(r.stderr, "warning") if "not a regular file (a FIFO)" in w]
+    assert len(warned) == 2, r.stderr
+
+
 def test_report_score_scores_a_damaged_entry_again(copied):
     path = _damaged_file(copied, "score")
     good = json.loads(path.read_text())

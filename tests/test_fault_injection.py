@@ -4,7 +4,8 @@
   same frames, mp4 bytes, records (timings aside), manifest and table as an uninterrupted run, and
   leaves no temp file behind.
 - A full disk (a small tmpfs where one can be mounted; otherwise an injected ``ENOSPC``) is one
-  line naming the file and leaves nothing partial: every video marked done has all its files.
+  line naming the file and leaves nothing partial: every video marked done has all its files;
+  so is a full disk (or a file-size limit) under ``convert-checkpoint``.
   ``report --format html`` on a disk full for one of its files (``tests/enospc``) names that file.
 - ``kill -9`` just before and just after a score's write (``tests/kill_at``), then resume: the
   same score files as an uninterrupted run.
@@ -277,6 +278,55 @@ def test_full_disk_during_the_html_report_is_one_line_naming_the_target(tiny_run
     assert "report_assets" not in r.stderr and "Traceback" not in r.stderr
     assert not (run / "report" / target).exists()
     assert not [p for p in (run / "report").iterdir() if p.name.startswith(".")], "temp left"
+
+
+def _checkpoint(path: Path, megabytes: float) -> None:
+    n = int(megabytes * 2**20 / 4)
+    torch.save({"generator": {"model.patch_embedding.weight": torch.ones(n)}}, path)
+
+
+def _check_convert_failed(r: subprocess.CompletedProcess, target: Path, cause: str) -> None:
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0] == f"error: cannot write {target}: {cause}", lines[0]
+    assert not target.exists()
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")], "temp file left"
+
+
+def test_convert_checkpoint_on_a_full_disk_is_one_line_naming_the_file(tmp_path):
+    """A tmpfs of 256 KiB and a 1 MiB checkpoint: safetensors' own writer fails (its error named
+    no file); the line names the destination and the cause, and nothing is left on the disk."""
+    _checkpoint(tmp_path / "g.pt", 1)
+    with _small_tmpfs(tmp_path / "disk", "256k") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here; the file-size limit test below covers it")
+        target = tmp_path / "disk" / "g.safetensors"
+        r = _jbkv("convert-checkpoint", "g.pt", target, cwd=tmp_path)
+        _check_convert_failed(r, target, "No space left on device")
+        assert list(target.parent.iterdir()) == []
+
+
+def test_convert_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
+    """Where no tmpfs can be mounted, a real failed write all the same: ``ulimit -f`` (EFBIG;
+    Python ignores SIGXFSZ) stops the 1 MiB output at 256 KiB."""
+    import resource
+
+    _checkpoint(tmp_path / "g.pt", 1)
+    target = tmp_path / "out" / "g.safetensors"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    r = subprocess.run(
+        [JBKV, "convert-checkpoint", "g.pt", str(target)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=limit,
+    )
+    _check_convert_failed(r, target, "File too large")
 
 
 # --- damaged files -------------------------------------------------------------------------------

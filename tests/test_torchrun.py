@@ -12,7 +12,10 @@
 - fidelity on 2 ranks gives the JSON of one process;
 - ``kill -9`` of one rank mid-run fails the job; one process resumes it to identical results;
 - ``kill -9`` of a single process mid-run; 2 ranks resume it to identical results;
-- a rank that cannot write its file fails the job at once, with that rank's one-line error.
+- a rank that cannot write its file fails the job at once, with that rank's one-line error;
+- SIGTERM to every rank while each writes a video: each rank prints its one line, removes its
+  temp file and exits 143;
+- ``report`` prints its table once (rank 0).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from jbkv_cli.metrics.fidelity import compare_dirs
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
 JBKV = str(PYTHON_BIN / "jbkv")
+TORCH_RUN = "torch.distributed.run"
 SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
 EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
 EVAL += ["--corrections", "none,taylor", "--no-lpips", "--no-plots"]
@@ -64,7 +68,9 @@ def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.Compl
 
 
 def _torchrun_cmd(*args: object) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
+    # the torchrun script, or the module it runs where a venv has no script (same program)
+    launcher = [TORCHRUN] if Path(TORCHRUN).is_file() else [sys.executable, "-m", TORCH_RUN]
+    return [*launcher, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
 
 
 def _torchrun(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
@@ -340,3 +346,45 @@ def test_a_rank_that_cannot_write_fails_the_job_with_its_error(runs):
     assert resumed.returncode == 0, resumed.stderr
     assert len(_records(root / "fail")) == 2 * 4 * 2
     assert not _leftovers(root / "fail")
+
+
+def test_sigterm_to_every_rank_is_one_line_each_and_exit_143(tmp_path):
+    """What SLURM does on a time limit: every process of the job gets SIGTERM. Each rank is
+    caught while a video's temp file exists (``JBKV_TEST_PAUSE``, synchronised on the files
+    the ranks write there): each one removes it, prints one line and exits 143."""
+    mark = tmp_path / "pause"
+    env = _env() | {"JBKV_TEST_PAUSE": "writing:*.mkv", "JBKV_TEST_PAUSE_FILE": str(mark)}
+    agent = subprocess.Popen(
+        _torchrun_cmd("generate", *SMALL, "--out", "run"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    marks = [tmp_path / f"pause.rank{r}" for r in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(m.exists() for m in marks) and agent.poll() is None:
+        assert time.monotonic() < deadline, "the ranks never reached their first video write"
+        time.sleep(0.01)
+    ranks = [_rank_pid(agent.pid, r) for r in (0, 1)]
+    assert None not in ranks and agent.poll() is None, "a rank ended before the signal"
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=120)
+    assert agent.returncode != 0
+    for r in (0, 1):  # the ranks share one stderr: a line may follow another's unended text
+        line = f"error: rank {r}/2: interrupted (SIGTERM); completed files are kept, no partial"
+        assert stderr.count(line) == 1, stderr
+        assert f"traceback : rank {r}/2: interrupted (SIGTERM)" in stderr  # its error file
+    assert stderr.count("error:") == 2, stderr
+    assert len(re.findall(r"exitcode\s+:\s*143\b", stderr)) == 2, stderr  # torchrun's summary
+    assert not _leftovers(tmp_path / "run"), "a rank left its temp file"
+    assert not list((tmp_path / "run").rglob("*.mkv")), "a video being written was kept"
+
+
+def test_report_prints_its_table_once(runs):
+    root, _ = runs
+    r = _torchrun("report", root / "one/tiny", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("INT2 rtn g32 +taylor") == 1, r.stdout  # rank 0 alone reports

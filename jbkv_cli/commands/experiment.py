@@ -65,7 +65,7 @@ from jbkv_cli.report import (
     to_markdown,
 )
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import RunDir
+from jbkv_cli.runs import RunDir, check_prompt
 
 
 def _check_model(name: str) -> None:
@@ -103,8 +103,9 @@ def _model_options(name: str, *flags: Any) -> dict[str, Any]:
 def _prompt_items(
     name: str, prompts: str | None, prompt: list[str] | None, seeds: list[int] | None
 ) -> list[tuple[str, list[int]]]:
-    """(prompt, seeds) pairs, every prompt checked for file names and for the model."""
-    items = read_prompt_items(prompts, prompt, name, seeds)
+    """(prompt, seeds) pairs, every prompt checked for file names (:func:`check_prompt`) and for
+    the model, before anything is created."""
+    items = [(check_prompt(p), s) for p, s in read_prompt_items(prompts, prompt, name, seeds)]
     check_prompts(name, [p for p, _ in items])
     return items
 
@@ -569,7 +570,10 @@ def report(
         check_writable_dir(run.root / "report", "report folder")
     if score:
         check_writable_dir(run.root / "metrics", "metrics folder")
+        distributed.setup()  # under torchrun: each rank scores a share of the pairs
         score_fidelity(run, lpips=lpips)
+    if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports
+        return
     rows = build_rows(run)
     unscored = [
         r.variant

@@ -53,17 +53,21 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from jbkv_cli.fields import option
 from jbkv_cli.prune.base import Decision, KVPruner
-from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile
+from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
 
 DEFAULT_SEGMENTS = 8
 DEFAULT_RETENTION = 0.33
+MAX_ANCHOR_FRAMES = 1024
+MAX_SEGMENTS = 2**16
 
 
 # --- the rules (pure functions) -----------------------------------------------------------------
@@ -181,27 +185,21 @@ class ForcingKV(KVPruner):
         "change from frame to frame"
     )
 
-    anchor_frames: int | None = None
-    segments: int = DEFAULT_SEGMENTS
-    retention: float = DEFAULT_RETENTION
-    profile: str | None = None
-    profile_sha256: str | None = None
+    anchor_frames: int | None = option(None, "int", lo=1, hi=MAX_ANCHOR_FRAMES, optional=True)
+    segments: int = option(DEFAULT_SEGMENTS, "int", lo=1, hi=MAX_SEGMENTS)
+    retention: float = option(DEFAULT_RETENTION, "float", lo=0, hi=1)
+    profile: str | None = option(None, "path", optional=True)
+    profile_sha256: str | None = option(
+        None, "str", optional=True, pattern="[0-9a-f]{64}", what="a SHA-256 digest", cli=False
+    )
 
     def __post_init__(self) -> None:
-        if self.anchor_frames is not None and (
-            type(self.anchor_frames) is not int or self.anchor_frames < 1
-        ):
-            raise ValueError(f"anchor_frames must be an integer >= 1, got {self.anchor_frames!r}")
-        if type(self.segments) is not int or self.segments < 1:
-            raise ValueError(f"segments must be an integer >= 1, got {self.segments!r}")
-        if not isinstance(self.retention, int | float) or not 0 <= self.retention <= 1:
-            raise ValueError(f"retention must be in [0, 1], got {self.retention!r}")
+        super().__post_init__()
         if self.profile is not None and self.profile_sha256 is None:
             path = Path(self.profile).resolve()
-            load_profile(path)  # validated before any work
+            _, data = read_profile(path)  # validated before any work; read once
             object.__setattr__(self, "profile", str(path))
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            object.__setattr__(self, "profile_sha256", digest)
+            object.__setattr__(self, "profile_sha256", hashlib.sha256(data).hexdigest())
 
     def profile_path(self, model: str) -> Path:
         return Path(self.profile) if self.profile else default_profile_path(model)
@@ -242,7 +240,15 @@ class ForcingKV(KVPruner):
         parts = [f"a{self.anchor_frames}"] if self.anchor_frames is not None else []
         parts += [f"s{self.segments}"] if self.segments != DEFAULT_SEGMENTS else []
         if self.retention != DEFAULT_RETENTION:
-            parts.append(f"r{round(100 * self.retention)}")
+            parts.append(f"r{percent_id(self.retention)}")
         if self.profile_sha256 is not None:
             parts.append(f"p{self.profile_sha256[:8]}")
         return parts
+
+
+def percent_id(share: float) -> str:
+    """``100 · share`` for a variant id: ``50`` for 0.5, ``33p3`` for 0.333 (``p``: the decimal
+    point; ids use ``-`` and ``.`` for other things). Distinct canonical shares (10 significant
+    digits, :mod:`jbkv_cli.fields`) give distinct ids; whole percents read as before."""
+    text = format(Decimal(f"{100 * share:.10g}").normalize(), "f")
+    return text.replace(".", "p")

@@ -26,13 +26,14 @@ The JSON file (:data:`FORMAT`) is what :class:`~jbkv_cli.prune.forcing_kv.Forcin
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from jbkv_cli.jsonio import FileReadError, parse_json, read_bytes
 
 FORMAT = "jbkv-head-profile/1"
 KINDS = ("static", "dynamic")
@@ -102,17 +103,22 @@ def parse_profile(doc: Any, path: Path | str = "<profile>") -> HeadProfile:
 
 def load_profile(path: Path | str) -> HeadProfile:
     """Read and validate a profile file (:class:`ProfileError` naming ``path``)."""
+    return read_profile(path)[0]
+
+
+def read_profile(path: Path | str) -> tuple[HeadProfile, bytes]:
+    """The validated profile in ``path`` and the bytes it was read from (for its digest).
+
+    Only a regular file of at most :data:`~jbkv_cli.jsonio.MAX_JSON_BYTES` is read (a FIFO or
+    ``/dev/zero`` is refused without blocking); bad UTF-8, bad or too deeply nested JSON and a
+    wrong shape are one :class:`ProfileError` naming ``path``.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _fail(path, exc.strerror or str(exc)) from None
-    except UnicodeDecodeError:
-        raise _fail(path, "not UTF-8 text") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(path, f"invalid JSON ({exc.msg}, line {exc.lineno})") from None
-    return parse_profile(doc, path)
+        data = read_bytes(path, "head profile")
+        doc = parse_json(data, path, "head profile")
+    except FileReadError as exc:
+        raise _fail(path, exc.reason) from None
+    return parse_profile(doc, path), data
 
 
 # --- measuring ----------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from typing import ClassVar
 
 import torch
 
+from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import (
     STEP_DTYPE,
     check_group_size,
@@ -74,10 +75,12 @@ from jbkv_cli.quant.kmeans import (
     CENTROID_DTYPE,
     DEFAULT_MAX_ELEMENTS,
     MAX_CENTROIDS,
+    MAX_ITERS,
+    MAX_TOKENS_PER_CENTROID,
     capped_centroids,
     kmeans,
 )
-from jbkv_cli.quant.method import KVMethod, Role
+from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
 from jbkv_cli.quant.tensor import QuantizedTensor
 
 
@@ -164,6 +167,9 @@ class QVGTensor(QuantizedTensor):
         return (self.smoothing() + self.residual()).to(self.dtype)
 
 
+MAX_STAGES = 8
+
+
 @dataclass(frozen=True)
 class QVG(KVMethod):
     """``group_size`` is QVG's ``B`` (channels per FP8 scale); ``stages`` S, ``centroids`` K
@@ -177,25 +183,12 @@ class QVG(KVMethod):
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
 
-    group_size: int = 64
-    stages: int = 1
-    centroids: int = 256
-    iters: int = 2
-    seed: int = 0
-    tokens_per_centroid: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.stages < 0:
-            raise ValueError(f"stages must be >= 0, got {self.stages}")
-        if not 1 <= self.centroids <= MAX_CENTROIDS:
-            raise ValueError(
-                f"centroids must be in 1..{MAX_CENTROIDS} (uint8 cluster ids), got {self.centroids}"
-            )
-        if self.iters < 1:
-            raise ValueError(f"iters must be >= 1, got {self.iters}")
-        if self.tokens_per_centroid < 0:
-            raise ValueError(f"tokens_per_centroid must be >= 0, got {self.tokens_per_centroid}")
+    group_size: int = option(64, "int", lo=1, hi=MAX_GROUP_SIZE, cli=False)
+    stages: int = option(1, "int", lo=0, hi=MAX_STAGES)
+    centroids: int = option(256, "int", lo=1, hi=MAX_CENTROIDS, note="uint8 cluster ids")
+    iters: int = option(2, "int", lo=1, hi=MAX_ITERS)
+    seed: int = option(0, "int", lo=0, hi=MAX_SEED)
+    tokens_per_centroid: int = option(64, "int", lo=0, hi=MAX_TOKENS_PER_CENTROID)
 
     def check(self, head_dim: int) -> None:
         check_group_size(head_dim, self.group_size)

@@ -19,7 +19,6 @@ names are single file-name tokens (they become part of ``.part`` and record file
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -29,6 +28,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 from jbkv_cli.errors import JbkvError, shown
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.metrics.vbench_weights import cache_roots
 
 MANIFEST_ENV = "JBKV_WEIGHTS_MANIFEST"
@@ -154,10 +154,7 @@ def resolve_mirror(mirror: str | None) -> str | None:
 def load_manifest(path: str | os.PathLike[str] | None = None) -> list[WeightEntry]:
     """Entries of ``path``, else of ``$JBKV_WEIGHTS_MANIFEST``, else of the shipped manifest."""
     source = Path(path or os.environ.get(MANIFEST_ENV) or SHIPPED_MANIFEST)
-    try:
-        doc = json.loads(source.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise JbkvError(f"cannot read weights manifest {source}: {exc}") from exc
+    doc = read_json(source, "weights manifest")  # a regular file of at most 64 MiB
     files = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(files, list):
         raise JbkvError(f"weights manifest {source} has no 'files' list")

@@ -39,13 +39,16 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
+    WAN_OPTIONS,
     WanHeads,
     check_frame_size,
+    check_latent_frames,
     checked_options,
     chunk_video,
     chunks_for_frames,
@@ -77,7 +80,7 @@ def window_from_frames(local_attn_size: int, sink_size: int, chunk_frames: int) 
     """
     k = chunk_frames
     if local_attn_size % k or sink_size % k or local_attn_size - sink_size < k:
-        raise JbkvError(
+        raise UsageError(
             f"local_attn_size={local_attn_size} and sink_size={sink_size} frames are not whole "
             f"chunks of {k} frames with room for the current chunk"
         )
@@ -146,11 +149,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "tiny-random": _SELF_FORCING | dict(num_chunks=3, height=32, width=32),
 }
-OPTIONS = frozenset(
-    {"config", "weights", "base", "generator", "lora", "num_frames", "device", "dtype"}
-    | {"attention_backend", "init_seed", "local_attn_size", "sink_size"}
-    | set(_SELF_FORCING)
-)
+_FRAMES = Spec("int", lo=0, hi=4 * 1024)
+OPTIONS: dict[str, Spec] = {
+    "config": Spec("str", choices=tuple(PRESETS)),
+    **WAN_OPTIONS,
+    "base": WAN_OPTIONS["weights"],
+    "generator": WAN_OPTIONS["weights"],
+    "lora": WAN_OPTIONS["weights"],
+    "local_attn_size": _FRAMES,
+    "sink_size": _FRAMES,
+    "ema": Spec("bool"),
+    "lora_alpha": Spec("float", lo=0, lo_open=True, hi=1e6),
+    "window": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
+    "sink": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
+}
+assert set(_SELF_FORCING) <= set(OPTIONS)
 
 
 class SelfForcing(WanHeads):
@@ -312,12 +325,12 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     for name in ("steps", "chunk_frames", "num_chunks", "sink", "fps"):
         values[name] = int(values[name])
         if values[name] < (0 if name == "sink" else 1):
-            raise JbkvError(f"{name} must be >= {0 if name == 'sink' else 1}, got {values[name]}")
+            raise UsageError(f"{name} must be >= {0 if name == 'sink' else 1}, got {values[name]}")
     if ("local_attn_size" in options) != ("sink_size" in options):
-        raise JbkvError("give local_attn_size and sink_size together (frames, as upstream)")
+        raise UsageError("give local_attn_size and sink_size together (frames, as upstream)")
     if "local_attn_size" in options:
         if "window" in options or "sink" in options:
-            raise JbkvError("give either local_attn_size/sink_size (frames) or window/sink")
+            raise UsageError("give either local_attn_size/sink_size (frames) or window/sink")
         values["window"], values["sink"] = window_from_frames(
             int(options["local_attn_size"]), int(options["sink_size"]), values["chunk_frames"]
         )
@@ -328,10 +341,11 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     if values["window"] is not None:
         values["window"] = int(values["window"])
         if values["window"] < 0:
-            raise JbkvError(
+            raise UsageError(
                 f"window must be >= 0 chunks (or None: keep all), got {values['window']}"
             )
     check_frame_size(values)
+    check_latent_frames("self-forcing", config, values["chunk_frames"], values["num_chunks"])
     values["shift"] = float(values["shift"])
     values["ema"] = bool(values["ema"])
     if values["lora_alpha"] is not None:
@@ -356,11 +370,14 @@ def _resolved(
     options: dict[str, Any],
 ) -> tuple[dict[str, Any], SelfForcingSettings, WeightPaths | None]:
     """Checked options, settings and the located weight files (None for tiny-random)."""
-    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
+    options = parse_options(OPTIONS, options, "self-forcing", sep=": ", error=UsageError)
+    options = checked_options(
+        "self-forcing", options, frozenset(OPTIONS), PRESETS, "self-forcing-dmd"
+    )
     given = sorted({"weights", "base", "generator", "lora"} & set(options))
     if options["config"] == "tiny-random":
         if given:
-            raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
+            raise UsageError(f"config=tiny-random builds random weights; do not pass {given[0]}")
         return options, build_settings(options), None
     s = build_settings(options)
     paths = locate(s.config, s.weights, s.base, s.generator, s.lora)
