@@ -1,4 +1,5 @@
-"""Output paths (``--json``, ``--csv``, ``profile-heads --out``) never overwrite what jbkv reads.
+"""Output paths (``--json``, ``--csv``, ``profile-heads --out``, ``convert-checkpoint DST``) never
+overwrite what jbkv reads.
 
 ``jbkv_cli/outputs.py``: a file of a run directory (except under its ``report/``), a file of an
 input folder, or a path above either is a usage error before anything runs; symlinks are
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from jbkv_cli.errors import UsageError
 from jbkv_cli.outputs import check_output_file
@@ -109,6 +111,7 @@ def test_every_command_refuses_an_output_inside_a_run_or_an_input(run, tmp_path)
     shutil.copytree(ref, plain / "ref", ignore=shutil.ignore_patterns("*.json", "*.mkv"))
     shutil.copytree(test, plain / "test", ignore=shutil.ignore_patterns("*.json", "*.mkv"))
     (tmp_path / "link").symlink_to(run, target_is_directory=True)
+    torch.save({"generator": {"model.patch_embedding.weight": torch.ones(4)}}, tmp_path / "g.pt")
     qe = ["quantize-eval", "--seeds", "0", "--bits", "2", "--quantizers", "rtn", "--no-lpips"]
     cases = [
         ([*qe, "--out", run.parent, "--json", run / "manifest.json"], "inside the run"),
@@ -122,6 +125,7 @@ def test_every_command_refuses_an_output_inside_a_run_or_an_input(run, tmp_path)
         (["fidelity", ref, test, "--json", tmp_path / "link/manifest.json"], "inside the run"),
         (["fidelity", ref, test, "--json", tmp_path / "a", "--csv", tmp_path / "a"], "same file"),
         (["profile-heads", "--out", run / "manifest.json"], "inside the run"),
+        (["convert-checkpoint", tmp_path / "g.pt", run / "g.safetensors"], "inside the run"),
     ]
     before = _snapshot(tmp_path)
     with ThreadPoolExecutor(max_workers=4) as pool:
