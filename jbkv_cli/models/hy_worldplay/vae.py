@@ -11,6 +11,13 @@ them to diffusers' (the rules of diffusers' ``convert_hunyuan_video1_5_to_diffus
 
 Latents are scaled by ``scaling_factor`` (1.03682; upstream's config has no shift). Decoding
 tiles spatially on the GPU (diffusers' ``enable_tiling``) and returns uint8 frames.
+
+**One latent at a time.** WorldPlay's VAE (``hunyuanvideo_15_vae_w_cache``) decodes latent by
+latent, its causal convolutions fed from a feature cache, so the decoder's mid-block attention
+sees one latent frame; diffusers' decoder attends causally over every earlier frame. jbkv
+decodes with diffusers' modules and a per-frame attention mask in the decoder
+(:func:`per_frame_attention`), which is upstream's decode (checked on a random tiny VAE against
+upstream's class: max |diff| 1e-6, against 0.2 with diffusers' causal mask).
 """
 
 from __future__ import annotations
@@ -43,7 +50,17 @@ _RULES = (
     ),
     (re.compile(r"^(encoder|decoder)\.mid\.attn_1\."), r"\1.mid_block.attentions.0."),
 )
-CONFIG_KEYS = ("latent_channels", "block_out_channels", "layers_per_block")
+CONFIG_KEYS = {  # upstream config.json name -> diffusers argument
+    "latent_channels": "latent_channels",
+    "block_out_channels": "block_out_channels",
+    "layers_per_block": "layers_per_block",
+    "ffactor_spatial": "spatial_compression_ratio",
+    "ffactor_temporal": "temporal_compression_ratio",
+    "spatial_compression_ratio": "spatial_compression_ratio",
+    "temporal_compression_ratio": "temporal_compression_ratio",
+    "downsample_match_channel": "downsample_match_channel",
+    "upsample_match_channel": "upsample_match_channel",
+}
 
 
 def diffusers_key(name: str) -> str:
@@ -55,12 +72,29 @@ def diffusers_key(name: str) -> str:
     return name
 
 
+def frame_mask(n_frame: int, n_hw: int, dtype, device, batch_size: int | None = None):
+    """Additive mask ``[(B,) F hw, F hw]``: each token attends to the tokens of its own frame."""
+    frame = torch.arange(n_frame * n_hw, device=device) // n_hw
+    mask = torch.where(frame[:, None] == frame[None, :], 0.0, float("-inf")).to(dtype)
+    return mask if batch_size is None else mask.unsqueeze(0).expand(batch_size, -1, -1)
+
+
+def per_frame_attention(vae) -> None:
+    """Make the decoder's attention blocks attend within each latent frame (upstream's
+    streaming decode); an instance attribute, diffusers' class is untouched."""
+    for module in vae.decoder.modules():
+        if hasattr(module, "prepare_causal_attention_mask"):
+            module.prepare_causal_attention_mask = frame_mask
+
+
 def build_vae(config: dict | None = None):
     """``AutoencoderKLHunyuanVideo15`` with diffusers' defaults (upstream's architecture) or the
-    given keyword arguments."""
+    given keyword arguments, decoding as upstream (:func:`per_frame_attention`)."""
     from diffusers import AutoencoderKLHunyuanVideo15
 
-    return AutoencoderKLHunyuanVideo15(**(config or {}))
+    vae = AutoencoderKLHunyuanVideo15(**(config or {}))
+    per_frame_attention(vae)
+    return vae
 
 
 def vae_config(directory: Path) -> dict:
@@ -68,7 +102,7 @@ def vae_config(directory: Path) -> dict:
     raw = read_json(directory / "config.json", "HunyuanVideo-1.5 VAE config", finite=False)
     if not isinstance(raw, dict):
         raise JbkvError(f"{directory / 'config.json'} is not a JSON object")
-    out = {k: raw[k] for k in CONFIG_KEYS if k in raw}
+    out = {arg: raw[k] for k, arg in CONFIG_KEYS.items() if k in raw}
     if "block_out_channels" in out:
         out["block_out_channels"] = tuple(out["block_out_channels"])
     if "scaling_factor" in raw:
