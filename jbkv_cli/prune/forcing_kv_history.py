@@ -1,4 +1,17 @@
-"""Forcing-KV: head-wise hybrid pruning of the KV cache, after Forcing-KV (arXiv 2605.09681).
+"""Forcing-KV-history: jbkv's earlier pruner *after* Forcing-KV's abstract (arXiv 2605.09681),
+kept under ``forcing-kv-history`` with its behaviour and variant ids (``fkv…``) unchanged.
+
+It was written before the official code (``zju-jiyicheng/Forcing-KV``) was public; the faithful
+method is :mod:`jbkv_cli.prune.forcing_kv` (``forcing-kv``). What this one does differently:
+it keeps a *history* — every older frame keeps ``⌈ρ S⌉`` of its segments for as long as the
+cache window holds it, so its bytes grow with the window — where upstream keeps a fixed one-frame
+buffer that each chunk overwrites; it scores segments by the cosine of segment-*mean* keys (upstream:
+the mean of per-token cosines, over all dynamic heads, decided once at layer 1); it prunes layer 0
+like the others; it has no attention-sink frame of its own; and its head profile counts the current
+chunk plus ``A`` cached frames against the total mass (``--rule local-mass``; upstream: the last 4
+key frames against the mass after the sink, ``--rule forcing-kv``). Run folders written before the
+rename record the name ``forcing-kv`` with this pruner's options; they are read as this pruner
+(:func:`jbkv_cli.prune.registry.pruner_from_record`), ids unchanged.
 
 Attention heads of chunk-wise AR video diffusion models split into **static** heads, which read
 the current chunk and the transition anchors (the most recent frames), and **dynamic** heads,
@@ -108,7 +121,7 @@ def changed_segments(similarity: torch.Tensor, retention: float) -> torch.Tensor
 # --- one layer's state --------------------------------------------------------------------------
 
 
-class ForcingKVLayer:
+class ForcingKVHistoryLayer:
     """The decisions for one layer's cache (see the module docstring); ``kinds`` per KV head."""
 
     def __init__(
@@ -168,7 +181,7 @@ class ForcingKVLayer:
 
 
 @dataclass(frozen=True)
-class ForcingKV(KVPruner):
+class ForcingKVHistory(KVPruner):
     """Options: ``anchor_frames`` (``A``; None: the profile's), ``segments`` per frame (``S``),
     ``retention`` (``ρ``, share of segments a dynamic head keeps of each decided frame) and
     ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model).
@@ -177,12 +190,12 @@ class ForcingKV(KVPruner):
     path with ``profile_sha256``, the digest of its bytes (in the variant id), so a run folder
     records which profile it used and is read back without the file."""
 
-    name: ClassVar[str] = "forcing-kv"
-    title: ClassVar[str] = "Forcing-KV"
-    short: ClassVar[str] = "fkv"
+    name: ClassVar[str] = "forcing-kv-history"
+    title: ClassVar[str] = "Forcing-KV-history"
+    short: ClassVar[str] = "fkv"  # the id of the runs made when this pruner was `forcing-kv`
     summary: ClassVar[str] = (
-        "after Forcing-KV: static heads keep the anchor frames, dynamic heads the segments that "
-        "change from frame to frame"
+        "jbkv's earlier pruner after Forcing-KV's abstract: static heads keep the anchor frames, "
+        "dynamic heads the changing segments of every older frame the window holds"
     )
 
     anchor_frames: int | None = option(None, "int", lo=1, hi=MAX_ANCHOR_FRAMES, optional=True)
@@ -209,9 +222,9 @@ class ForcingKV(KVPruner):
         path = self.profile_path(model)
         if self.profile is None and not path.is_file():
             raise ValueError(
-                f"forcing-kv has no head profile for model {model!r}: make one with "
-                f"`jbkv profile-heads --model {model} --out FILE` and pass "
-                "-M forcing-kv.profile=FILE"
+                f"{self.name} has no head profile for model {model!r}: make one with "
+                f"`jbkv profile-heads --model {model} --rule local-mass --out FILE` and pass "
+                f"-M {self.name}.profile=FILE"
             )
         profile = load_profile(path)
         if profile.model != model:
@@ -223,7 +236,7 @@ class ForcingKV(KVPruner):
 
     def plans(
         self, model: str, layers: int, kv_heads: int, frame_tokens: int
-    ) -> list[ForcingKVLayer]:
+    ) -> list[ForcingKVHistoryLayer]:
         profile = self.head_profile(model)
         if profile.layers != layers or len(profile.heads[0]) != kv_heads:
             raise ValueError(
@@ -231,8 +244,13 @@ class ForcingKV(KVPruner):
                 f"{len(profile.heads[0])} heads; {model} has {layers} x {kv_heads}"
             )
         anchor = self.anchor_frames or profile.anchor_frames
+        if anchor is None:
+            raise ValueError(
+                f"{self.profile_path(model)} was made with --rule {profile.rule} and names no "
+                f"anchor frames: pass -M {self.name}.anchor_frames=N"
+            )
         return [
-            ForcingKVLayer(kinds, frame_tokens, anchor, self.segments, self.retention)
+            ForcingKVHistoryLayer(kinds, frame_tokens, anchor, self.segments, self.retention)
             for kinds in profile.heads
         ]
 
