@@ -1,11 +1,13 @@
-"""Forcing-KV's rules on hand-built keys: which tokens each head keeps, and when."""
+"""Forcing-KV-history (jbkv's earlier pruner, ``forcing-kv-history``) on hand-built keys: which
+tokens each head keeps, and when; its ids are those the runs of the earlier ``forcing-kv`` got."""
 
 import pytest
 import torch
 
 from jbkv_cli.kvcache import KVSpec
-from jbkv_cli.prune import ForcingKV, ForcingKVLayer, build_pruner
-from jbkv_cli.prune.forcing_kv import changed_segments, segment_ids, segment_means
+from jbkv_cli.prune import ForcingKVHistory, build_pruner
+from jbkv_cli.prune import ForcingKVHistoryLayer as ForcingKVLayer
+from jbkv_cli.prune.forcing_kv_history import changed_segments, segment_ids, segment_means
 
 T, D = 8, 16  # tokens per frame, head dim
 
@@ -114,29 +116,30 @@ def test_chunk_must_be_whole_frames_and_match_the_profile():
 
 
 def test_pruner_options_ids_and_labels():
-    assert ForcingKV().variant_id == "fkv" and ForcingKV().label == "Forcing-KV"
-    p = build_pruner("forcing-kv", anchor_frames=2, segments=4, retention=0.5)
+    assert ForcingKVHistory().variant_id == "fkv"
+    assert ForcingKVHistory().label == "Forcing-KV-history"
+    p = build_pruner("forcing-kv-history", anchor_frames=2, segments=4, retention=0.5)
     assert p.variant_id == "fkv-a2-s4-r50"
     for bad in ({"anchor_frames": 0}, {"segments": 0}, {"retention": 1.5}):
         with pytest.raises(ValueError):
-            ForcingKV(**bad)
+            ForcingKVHistory(**bad)
     with pytest.raises(ValueError, match="does not take"):
-        build_pruner("forcing-kv", window=3)
+        build_pruner("forcing-kv-history", window=3)
     with pytest.raises(ValueError, match="unknown pruner"):
         build_pruner("snapkv")
 
 
 def test_kvspec_with_a_pruner():
-    fkv = ForcingKV()
+    fkv = ForcingKVHistory()
     pruned16 = KVSpec(pruner=fkv)
     assert not pruned16.is_reference and not pruned16.quantized
     assert (pruned16.label, pruned16.variant_id, pruned16.storage_id) == (
-        "16-bit Forcing-KV",
+        "16-bit Forcing-KV-history",
         "fkv",
         "fkv",
     )
     spec = KVSpec.build("rtn", 2, correction="taylor", pruner=fkv)
-    assert spec.label == "INT2 rtn g32 Forcing-KV +taylor"
+    assert spec.label == "INT2 rtn g32 Forcing-KV-history +taylor"
     assert spec.variant_id == "int2-rtn-g32-fkv-taylor" and spec.storage_id == "int2-rtn-g32-fkv"
     for s in (pruned16, spec):
         assert KVSpec.from_dict(s.to_dict()) == s
