@@ -260,7 +260,7 @@ class ForcingKVLayer:
                 mask = torch.zeros_like(was) if mask is None else mask
                 settled.append((fid[0], fid[1] * t, mask.expand(b, -1, -1)))
         self.kept, self.history = now, history
-        if self.decides and serial >= bud.ar_start:
+        if self.decides:  # the ring's exact keys, for the next chunk's comparison
             ring = history[-bud.temporal :]
             self.ring_keys = {fid: self._key(fid, serial, k).clone() for fid in ring}
         return Decision(keep.expand(b, -1, -1), settled)
