@@ -58,7 +58,8 @@ Choices where the paper (as available to us) is silent, and where jbkv differs:
   one denoising step, and the paper's numbers. It runs on every adapter that states a head
   layout (:class:`~jbkv_cli.models.base.PrunableModel`: ``tiny``, ``self-forcing`` — the
   paper's family — ``skyreels-v2`` and ``magi1``); only the embedded model's profile is
-  shipped, the others are profiled with ``jbkv profile-heads``.
+  shipped (``profiles/tiny.json``), the others are profiled with ``jbkv profile-heads --rule
+  local-mass``.
 """
 
 from __future__ import annotations
