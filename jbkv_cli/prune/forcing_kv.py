@@ -75,7 +75,9 @@ source is silent or the geometry differs from Self-Forcing's:
   model's window (whole chunks, jbkv's ``window``) still evicts, so the sink frame lives as long
   as chunk 0 is in the window — always on Self-Forcing's default 7 chunks (window 6); upstream's
   Forcing-KV path has no window, so use ``--window`` larger than the video to keep the sink for
-  good (the embedded model's default window of 2 chunks drops it from the 4th chunk on). Sink
+  good (the embedded model's default window of 2 chunks drops it from the 4th chunk on; MAGI-1's
+  default window is only what its kv ranges need, so there the cache keeps what lies in the
+  chunks those ranges read). Sink
   chunks of the cache (``KVSpec.sink_chunks``) are kept whole by the cache and are neither sink
   nor history here. Byte classes: ``static``, ``dynamic`` (layers ≥ 1, by profile) and
   ``unsplit`` (layer 0).
