@@ -18,7 +18,7 @@ Sources, read for every rule below (``M`` = ``wan/modules/causal_model_forcingkv
   ``temporal_context_length`` frames and an empty buffer of ``dynamic_context_length`` frames.
   **Layer 0 is never split** (M:393 ``layer_idx != 0``): sink + ``H`` frames for good.
 - **Every later chunk** (M:475-562): static heads append the chunk to their ring; dynamic heads
-  first refill the buffer (:func:`dynamic_compression`, M:221-336), then append to their ring.
+  first refill the buffer (``dynamic_compression``, M:221-336), then append to their ring.
   The candidates are the first 3 frames of ``[ring | new chunk]`` — the frames leaving the ring
   (M:280-283: the old ring frames and the first ``3 − T`` new ones), each cut into
   ``num_frame_patch`` runs of consecutive tokens (M:287-292, 312-317): 18 patches. A patch's
@@ -48,14 +48,14 @@ source is silent or the geometry differs from Self-Forcing's:
   committed chunk: the candidates are the first ``C`` frames of ``[ring | new chunk]`` (the
   frames that leave the ring when the ring is full; exactly upstream's rule at ``C = 3``), so a
   chunk scores ``C · P`` patches and keeps ``round(C · P · ratio)``: 6 of 18 on Self-Forcing, 11
-  of 32 on the embedded model (4-frame chunks of 8 runs), 10 of 30 on SkyReels-V2 (5 frames),
-  12 of 36 on MAGI-1 (6 frames). ``temporal_context_length`` keeps upstream's bound 1..3; above
+  of 32 on the embedded model (4-frame chunks of 8 runs), 10 of 30 on SkyReels-V2 (5 frames)
+  and on MAGI-1 at 720×720 (6 frames of 5 runs), 12 of 36 on MAGI-1 at 720×1280. ``temporal_context_length`` keeps upstream's bound 1..3; above
   ``C`` (2-frame chunks) the candidates are the ring's oldest ``C`` frames, as the same rule says.
 - **Patches per frame.** ``num_frame_patch`` must divide a frame's tokens (upstream's rule). Left
   unset it is 6 where 6 divides the frame (Self-Forcing's 1,560 = 30×52 tokens: 260-token runs,
-  5 patch rows; SkyReels-V2's 2,040; MAGI-1 at 720p) and otherwise the divisor of the frame's
-  tokens nearest 6, ties to the larger (the embedded model's 8×8 frames: 8 runs of one row; the
-  tiny random configurations' 4-token frames: 4).
+  5 patch rows; SkyReels-V2's 2,040; MAGI-1's 3,600 at 720×1280) and otherwise the divisor of
+  the frame's tokens nearest 6, ties to the larger (MAGI-1's 2,025 at 720×720: 5; the embedded
+  model's 8×8 frames: 8 runs of one row; the tiny random configurations' 4-token frames: 4).
 - **Buffer size.** ``dynamic_context_length`` left unset is what the ratio keeps,
   ``round(C·P·ratio) / P`` frames (1 on Self-Forcing, its config's value). Given, it must agree
   as upstream requires; that needs ``C``, so it is checked at the first commit.
@@ -77,9 +77,8 @@ source is silent or the geometry differs from Self-Forcing's:
   Forcing-KV path has no window, so use ``--window`` larger than the video to keep the sink for
   good (the embedded model's default window of 2 chunks drops it from the 4th chunk on; MAGI-1's
   default window is only what its kv ranges need, so there the cache keeps what lies in the
-  chunks those ranges read). Sink
-  chunks of the cache (``KVSpec.sink_chunks``) are kept whole by the cache and are neither sink
-  nor history here. Byte classes: ``static``, ``dynamic`` (layers ≥ 1, by profile) and
+  chunks those ranges read). Sink chunks of the cache (``KVSpec.sink_chunks``) are kept whole
+  by the cache and are neither sink nor history here. Byte classes: ``static``, ``dynamic`` (layers ≥ 1, by profile) and
   ``unsplit`` (layer 0).
 - **Not exposed / not reproduced:** ``dynamic_temporal_enabled false`` (dynamic heads without a
   buffer), the recache and prompt-switch paths (LongLive interactive), TeaCache, the
