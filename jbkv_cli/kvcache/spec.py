@@ -22,7 +22,7 @@ from typing import Any
 
 from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correction
 from jbkv_cli.prune.base import KVPruner
-from jbkv_cli.prune.registry import build_pruner
+from jbkv_cli.prune.registry import pruner_from_record
 from jbkv_cli.prune.registry import table_rank as pruner_rank
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
@@ -262,7 +262,7 @@ def _pruner(data: dict[str, Any] | None) -> KVPruner | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ValueError("a pruner must be an object with a 'name'")
-    return build_pruner(data["name"], **{k: v for k, v in data.items() if k != "name"})
+    return pruner_from_record(data)
 
 
 FULL_PRECISION = KVSpec()
