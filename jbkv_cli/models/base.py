@@ -73,3 +73,16 @@ class PrunableModel(VideoModel, Protocol):
         :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is told the chunk
         and denoising step before each forward."""
         ...
+
+
+def resolve_spec(model: VideoModel, spec: KVSpec) -> KVSpec:
+    """``spec`` as ``model`` runs it: the model's ``resolve_kv`` (its chunk size known), else
+    :meth:`KVSpec.for_model` by name — each method's options left to the model filled in
+    (QuantVideoGen's cache policy and K rule, :mod:`jbkv_cli.quant.qvg_policy`)."""
+    resolve = getattr(model, "resolve_kv", None)
+    return resolve(spec) if resolve is not None else spec.for_model(model.name)
+
+
+def resolve_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """:func:`resolve_spec` of each, in order, duplicates dropped."""
+    return list(dict.fromkeys(resolve_spec(model, s) for s in specs))
