@@ -45,6 +45,8 @@ def layer_caches(
     """One cache per layer of ``model``, with the pruner's plan for each layer when
     ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout); ``rope``:
     the caches hold keys before RoPE and rotate them on read (one table for every layer)."""
+    if rope is None and spec.key_layout == "pre-rope":
+        raise ValueError(f"{spec.label} caches keys before RoPE, which {model} does not support")
     plans: list = [None] * layers
     if spec.pruner is not None:
         plans = spec.pruner.plans(model, layers, kv_heads, frame_tokens)

@@ -176,6 +176,7 @@ class WanHeads:
 
     components: Any
     config: Any
+    pre_rope = True  # its caches can hold keys before RoPE (:meth:`key_rope`)
 
     def head_layout(self) -> HeadLayout:
         """Blocks, heads and tokens per latent frame (:func:`head_layout`)."""
@@ -192,12 +193,12 @@ class WanHeads:
         return kv.for_model(f"{self.name}:{self.config.config}", self.chunk_tokens)  # type: ignore[attr-defined]
 
     def key_rope(self, kv: KVSpec, layout: str | None, latents: torch.Tensor) -> KeyRope | None:
-        """The caches' :class:`KeyRope` when keys are cached before RoPE (``layout``, else
-        the spec's), for chunks shaped like ``latents``; None for post-RoPE keys."""
-        layout = layout or kv.key_layout
-        if layout not in LAYOUTS:
+        """The caches' :class:`KeyRope` for chunks shaped like ``latents`` when keys are cached
+        before RoPE — the spec's method asks for it, or ``layout`` is ``pre-rope`` (whatever the
+        spec; ``post-rope`` or None: as the spec) — else None."""
+        if layout is not None and layout not in LAYOUTS:
             raise UsageError(f"key layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        if layout == "post-rope":
+        if "pre-rope" not in (layout, kv.key_layout):
             return None
         return wan_key_rope(self.components.transformer, latents)
 

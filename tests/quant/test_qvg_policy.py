@@ -84,3 +84,19 @@ def test_spans_with_a_pruner_are_a_usage_error(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "not implemented for pruned caches" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_model_without_pre_rope_support_refuses_pre_rope_keys():
+    from jbkv_cli.errors import UsageError
+    from jbkv_cli.kvcache import KVSpec, layer_caches
+    from jbkv_cli.models.base import resolve_spec
+
+    class Other:  # a model adapter that states no ``pre_rope``
+        name = "magi1"
+
+    spec = KVSpec.build("qvg", 2, 64, layout="pre-rope")
+    with pytest.raises(UsageError, match="cannot cache keys before RoPE"):
+        resolve_spec(Other(), spec)
+    assert resolve_spec(Other(), KVSpec.build("qvg", 2, 64)).key_layout == "post-rope"
+    with pytest.raises(ValueError, match="caches keys before RoPE"):
+        layer_caches(spec, None, model="magi1", layers=1, kv_heads=1, frame_tokens=4)

@@ -260,8 +260,8 @@ class SelfForcing(WanHeads):
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is
         told the chunk and denoising step before each forward (``None`` for the clean pass).
-        ``layout``: ``pre-rope`` or ``post-rope`` keys whatever the spec says (None: the spec's,
-        QVG's pre-RoPE by default here)."""
+        ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method asks (None:
+        as the spec; QVG's default here is pre-RoPE, as upstream's Self-Forcing integration)."""
         s, schedule = self.config, self.schedule
         transformer = self.components.transformer
         text = self.encode_prompt(prompt)

@@ -244,8 +244,8 @@ class SkyReelsV2(WanHeads):
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps every CFG branch's
         caches and is told the chunk and denoising step before each forward (``None`` for the
-        clean pass). ``layout``: ``pre-rope`` or ``post-rope`` keys whatever the spec says
-        (None: the spec's)."""
+        clean pass). ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method
+        asks (None: as the spec)."""
         s = self.config
         k = s.chunk_frames
         kv = self.resolve_kv(kv)

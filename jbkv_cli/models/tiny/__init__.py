@@ -39,6 +39,7 @@ class TinyVideoModel:
     """The tiny model behind the :class:`~jbkv_cli.models.base.VideoModel` protocol."""
 
     name = "tiny"
+    pre_rope = True  # its caches can hold keys before RoPE (``layout=pre-rope``)
 
     def __init__(
         self,
