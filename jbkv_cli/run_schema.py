@@ -30,12 +30,10 @@ def _shown(value: Any) -> str:
 
 
 def _number(x: Any, lo: float, hi: float) -> bool:
-    return (
-        isinstance(x, int | float)
-        and not isinstance(x, bool)
-        and math.isfinite(x)
-        and lo <= x <= hi
-    )
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    # compare before isfinite: math.isfinite(10**400) raises OverflowError
+    return lo <= x <= hi and math.isfinite(x)
 
 
 def _integer(x: Any, lo: int, hi: int) -> bool:

@@ -149,6 +149,29 @@ def _damaged_bytes(original: bytes, damage: tuple, pick: int, value: Any) -> byt
     return bytes(out)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_int_beyond_a_floats_range_in_any_field_is_named(sample, target):
+    """Every field of every run file, one at a time, set to 10**400 (json parses it as an int;
+    math.isfinite raises OverflowError on it): never an exception other than one-line JbkvError.
+    The fuzz below found this once; this sweep makes it a fixed case."""
+    run, baseline = sample
+    path = run / target
+    original = path.read_bytes()
+    data = json.loads(original)
+    real_warn = runs_module.warn
+    runs_module.warn = lambda message: None
+    try:
+        for leaf in _leaves(data):
+            path.write_bytes(json.dumps(_set(data, leaf, 10**400)).encode())
+            try:
+                _read_everything(run, baseline)
+            except JbkvError as exc:
+                assert "\n" not in str(exc) and str(path) in str(exc), (leaf, str(exc))
+    finally:
+        runs_module.warn = real_warn
+        path.write_bytes(original)
+
+
 @FUZZ
 @given(
     target=st.sampled_from(TARGETS),

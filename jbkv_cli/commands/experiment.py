@@ -47,7 +47,7 @@ from jbkv_cli.experiment import (
 )
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import PrunableModel, VideoModel
+from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import (
     DEFAULT_MODEL,
     MODELS,
@@ -338,6 +338,7 @@ def generate(
     items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts)
     distributed.setup(device)
     m = _load(model, opts)
+    spec = resolve_spec(m, spec)
     _check_specs(m, [spec])
     problem = _prune_problem(m, spec)
     if problem:
@@ -456,7 +457,8 @@ def quantize_eval(
     results, shows = [], []
     for name, items in work.items():
         m = _load(name, model_opts[name])
-        model_specs = _fitting_specs(m, specs) if frontier else specs
+        model_specs = resolve_specs(m, specs)
+        model_specs = _fitting_specs(m, model_specs) if frontier else model_specs
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name
