@@ -22,6 +22,12 @@ def tiny():
     return tiny_dit(TINY, seed=0), TINY
 
 
+@pytest.fixture
+def conditions():
+    """:func:`make_conditions` (a fixture: test modules are imported by path)."""
+    return make_conditions
+
+
 def make_conditions(dit, cfg, spec: str, latents: int, size: int = 2, seed: int = 1):
     """Random text tokens, an image condition on latent 0 and the trajectory ``spec`` with its
     seeded memory plan."""

@@ -19,6 +19,7 @@ def reference_plan(w2c: np.ndarray, points: np.ndarray) -> list[list[int]]:
     (|azimuth| < 30, |elevation| < 17.5 deg about C's forward axis) that are also inside H's
     view (angles of p - centre(H) relative to H's forward axis, wrapped to +/-180) and within
     8 m of H, over those inside C's view."""
+
     def view(vec, fwd):
         az = np.degrees(np.arctan2(vec[:, 0], vec[:, 2]))
         el = np.degrees(np.arctan2(vec[:, 1], np.hypot(vec[:, 0], vec[:, 2])))
@@ -82,7 +83,11 @@ def test_hy_worldplay_retrieval_json_trajectory(tmp_path):
     for i in range(40):
         yaw = math.radians(min(i, 20) * 9.0)
         m = np.eye(4)
-        m[:3, :3] = [[math.cos(yaw), 0, math.sin(yaw)], [0, 1, 0], [-math.sin(yaw), 0, math.cos(yaw)]]
+        m[:3, :3] = [
+            [math.cos(yaw), 0, math.sin(yaw)],
+            [0, 1, 0],
+            [-math.sin(yaw), 0, math.cos(yaw)],
+        ]
         m[:3, 3] = [0.0, 0.0, 0.1 * min(i, 10)]
         poses[str(i)] = {"extrinsic": m.tolist(), "K": trajectory.DEFAULT_K}
     path = tmp_path / "turn.json"

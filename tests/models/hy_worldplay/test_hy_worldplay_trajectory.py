@@ -81,11 +81,15 @@ def test_hy_worldplay_pose_json(tmp_path):
     poses[5] = poses[4] @ c2w((0, 0, 5e-5))
     k = [[500.0, 0, 400.0], [0, 450.0, 300.0], [0, 0, 1]]
     path = tmp_path / "poses.json"
-    path.write_text(json.dumps({str(i): {"extrinsic": p.tolist(), "K": k} for i, p in enumerate(poses)}))
+    path.write_text(
+        json.dumps({str(i): {"extrinsic": p.tolist(), "K": k} for i, p in enumerate(poses)})
+    )
     traj = load_trajectory(str(path), 6)
     assert traj.actions.tolist() == [0, 27, 2, 45, 4, 0]
     assert np.allclose(traj.w2c.numpy(), np.linalg.inv(np.array(poses)))
-    assert np.allclose(traj.intrinsics[0].numpy(), [[500 / 800, 0, 0.5], [0, 450 / 600, 0.5], [0, 0, 1]])
+    assert np.allclose(
+        traj.intrinsics[0].numpy(), [[500 / 800, 0, 0.5], [0, 450 / 600, 0.5], [0, 0, 1]]
+    )
 
 
 def test_hy_worldplay_euler_angles_are_scipys_xyz():
@@ -110,7 +114,7 @@ def test_hy_worldplay_bad_pose_strings_are_usage_errors(spec, needle):
 
 
 def test_hy_worldplay_trajectory_length_must_be_the_latent_count(tmp_path):
-    with pytest.raises(UsageError, match="has 32 latents .125 frames.; this run makes 64"):
+    with pytest.raises(UsageError, match=r"has 32 latents \(125 frames\); this run makes 64"):
         load_trajectory("w-31", 64)
     bad = tmp_path / "bad.json"
     bad.write_text('{"0": {"extrinsic": [[1, 0], [0, 1]], "K": []}}')
