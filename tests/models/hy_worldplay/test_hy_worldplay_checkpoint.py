@@ -220,3 +220,33 @@ def test_hy_worldplay_prompt_template_is_upstreams():
     from jbkv_cli.models.hy_worldplay.encoders import system_message
 
     assert system_message() == UPSTREAM_VIDEO_SYSTEM
+
+
+def test_hy_worldplay_glyph_checkpoint_is_converted_to_safetensors(tmp_path):
+    """Glyph-SDXL-v2's ``byt5_model.pt`` (a pickle of ``state_dict``) becomes a safetensors of
+    the ByT5 encoder stack's tensors, prefix stripped, through the installed jbkv."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    block = torch.arange(6.0).reshape(2, 3)
+    src = tmp_path / "byt5_model.pt"
+    torch.save(
+        {
+            "state_dict": {
+                "module.text_tower.encoder.block.0.layer.0.SelfAttention.q.weight": block,
+                "module.text_tower.shared.weight": torch.zeros(2),
+                "module.other.weight": torch.ones(1),
+            }
+        },
+        src,
+    )
+    jbkv = str(Path(sys.executable).with_name("jbkv"))
+    r = subprocess.run(
+        [jbkv, "convert-checkpoint", str(src), "--glyph"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    out = load_file(str(tmp_path / "byt5_model.safetensors"))
+    assert list(out) == ["block.0.layer.0.SelfAttention.q.weight"]
+    assert torch.equal(out["block.0.layer.0.SelfAttention.q.weight"], block)
