@@ -16,8 +16,11 @@ tiles spatially on the GPU (diffusers' ``enable_tiling``) and returns uint8 fram
 latent, its causal convolutions fed from a feature cache, so the decoder's mid-block attention
 sees one latent frame; diffusers' decoder attends causally over every earlier frame. jbkv
 decodes with diffusers' modules and a per-frame attention mask in the decoder
-(:func:`per_frame_attention`), which is upstream's decode (checked on a random tiny VAE against
-upstream's class: max |diff| 1e-6, against 0.2 with diffusers' causal mask).
+(:func:`per_frame_attention`), which is upstream's default (untiled) decode: a one-off check on a
+random tiny VAE against upstream's class gave max |diff| 1e-6 (0.2 with diffusers' causal
+mask); the tests hold the decoder attention on T frames equal to T one-frame calls. Differences
+left: jbkv decodes in fp32 and, on CUDA, with diffusers' spatial tiling (upstream: fp16
+autocast, untiled).
 """
 
 from __future__ import annotations

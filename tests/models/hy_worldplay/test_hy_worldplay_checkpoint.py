@@ -250,3 +250,26 @@ def test_hy_worldplay_glyph_checkpoint_is_converted_to_safetensors(tmp_path):
     out = load_file(str(tmp_path / "byt5_model.safetensors"))
     assert list(out) == ["block.0.layer.0.SelfAttention.q.weight"]
     assert torch.equal(out["block.0.layer.0.SelfAttention.q.weight"], block)
+
+
+def test_hy_worldplay_vae_decoder_attends_within_each_latent_frame():
+    """Upstream's default decode (``hunyuanvideo_15_vae_w_cache.AutoencoderKLConv3D.decode``,
+    untiled as ``run.sh`` runs it) feeds the decoder one latent at a time, so its mid-block
+    attention sees one frame: jbkv's decoder attention on T frames equals T one-frame calls
+    (diffusers' causal default would let frame t read frames < t)."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    from jbkv_cli.models.hy_worldplay.tiny import TINY_VAE
+    from jbkv_cli.models.hy_worldplay.vae import build_vae
+
+    torch.manual_seed(0)
+    attn = build_vae(TINY_VAE).decoder.mid_block.attentions[0]
+    x = torch.randn(1, attn.in_channels, 3, 2, 3)
+    with torch.no_grad():
+        whole = attn(x)
+        frames = torch.cat([attn(x[:, :, t : t + 1]) for t in range(3)], dim=2)
+        plain = AutoencoderKLHunyuanVideo15(**TINY_VAE).decoder.mid_block.attentions[0]
+        plain.load_state_dict(attn.state_dict())
+        causal = plain(x)
+    assert torch.allclose(whole, frames, atol=1e-6)
+    assert not torch.allclose(causal[:, :, 1:], frames[:, :, 1:], atol=1e-3)
