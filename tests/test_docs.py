@@ -40,8 +40,7 @@ def test_every_relative_link_and_anchor_exists(page):
             continue
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
-        missing_anchor = anchor and dest.suffix == ".md" and anchor not in _anchors(dest)
-        if not dest.exists() or missing_anchor:
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _anchors(dest)):
             bad.append(target)
     assert not bad, f"{page.name}: broken links {bad}"
 
