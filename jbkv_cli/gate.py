@@ -146,13 +146,16 @@ def check_baseline(
     ):
         if items:
             problems.append(f"variants {label}: {_listed(sorted(items))}")
+    n = len(base_videos)  # what every variant must have: the baseline's videos
+    reference = _reference_row(current)
+    if reference is not None and reference.videos != n:
+        problems.append(_count(reference.variant, reference.videos, None, n))
     compared: set[str] = set()
     for vid in sorted(set(rows) & set(base_rows)):
         row, base = rows[vid], base_rows[vid]
-        n = len(current["videos"])
         scored = row.psnr.n if row.psnr else 0
         if row.videos != n or scored != n:
-            problems.append(f"{vid}: {row.videos} of {n} videos generated, {scored} scored")
+            problems.append(_count(vid, row.videos, scored, n))
             continue
         checked = _compare_row(vid, row, base, tol, problems)
         if not checked:
@@ -162,6 +165,20 @@ def check_baseline(
     result.videos = len(videos)
     result.metrics = [m for m in _METRIC_KEYS if m in compared]
     return result
+
+
+def _count(vid: str, made: int, scored: int | None, want: int) -> str:
+    """``v: 3 of 4 videos generated, 3 scored``, or ``v: 5 videos generated, 5 scored, the
+    baseline has 4``: never "5 of 4"."""
+    done = "" if scored is None else f", {scored} scored"
+    if made <= want:
+        return f"{vid}: {made} of {want} videos generated{done}"
+    return f"{vid}: {made} videos generated{done}, the baseline has {want}"
+
+
+def _reference_row(result: dict[str, Any]) -> ResultRow | None:
+    rows = (ResultRow.from_dict(r) for r in result["rows"])
+    return next((r for r in rows if r.is_reference), None)
 
 
 def _quantized_rows(result: dict[str, Any]) -> dict[str, ResultRow]:

@@ -200,10 +200,18 @@ def test_option_values_are_usage_errors_naming_the_option_and_its_range(work):
         (["generate", "-q", "qvg", "-b", "2", "-M", "qvg.centroids=257"], ["1..256"]),
         (["quantize-eval", "-M", "quarot.seed=abc"], [seed_range]),
         (
-            ["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.retention=true"],
-            ["forcing-kv.retention must be a number in [0, 1]", "'true'"],
+            ["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.sim_retention_ratio=true"],
+            ["forcing-kv.sim_retention_ratio must be a number in [0, 1]", "'true'"],
         ),
-        (["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.segments=0"], ["1..65536"]),
+        (
+            ["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.num_frame_patch=0"],
+            ["1..65536"],
+        ),
+        (["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.ar_start=x"], ["ar_start"]),
+        (
+            ["generate", "--pruner", "forcing-kv-history", "-M", "forcing-kv-history.segments=0"],
+            ["1..65536"],
+        ),
         (
             ["generate", "--pruner", "forcing-kv", "-M", f"forcing-kv.profile_sha256={'0' * 64}"],
             ["unknown forcing-kv option 'profile_sha256'"],

@@ -4,9 +4,9 @@
   both ranks made videos and none was made twice (per-rank counts add up to the total, each
   record names its rank);
 - scoring streams: each rank scores its videos while it is still generating (a video as soon as
-  it and its reference exist), every video once, and rank 0 merges only after every rank's
-  scores are written; one process scores each video right after making it (the order of the
-  files they commit, logged by ``tests/write_log/sitecustomize.py``);
+  it and its reference exist), every video once, each score in its own file (no rank rewrites
+  a shared file, nothing is merged); one process scores each video right after making it (the
+  order of the files they commit, logged by ``tests/write_log/sitecustomize.py``);
 - videos generated but not scored (a kill between the two) are scored on resume, also when
   their reference is made by another rank during the resumed job;
 - fidelity on 2 ranks gives the JSON of one process;
@@ -86,9 +86,11 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _records(run: Path) -> dict[str, dict]:
+    # not the hidden temp files of a live writer (pathlib's glob matches them; they vanish)
     return {
         str(p.relative_to(run)): json.loads(p.read_text())
         for p in sorted(run.glob("videos/*/*-*.json"))
+        if not p.name.startswith(".")
     }
 
 
@@ -96,7 +98,7 @@ def _videos(run: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(run)): p.read_bytes()
         for p in sorted(run.glob("videos/*/*"))
-        if p.suffix in (".mkv", ".mp4")
+        if p.suffix in (".mkv", ".mp4") and not p.name.startswith(".")
     }
 
 
@@ -145,75 +147,61 @@ def test_both_ranks_worked_and_no_video_was_made_twice(runs):
 
 
 def _commits(log: Path) -> list[dict]:
-    """The files a job committed, in order: rank, kind (record: a video is done; shard: a
-    rank's scores; metrics: a variant's merged scores), variant, video names in it."""
+    """The files a job committed, in order: rank, kind (record: a video is done; score: one
+    video's scores, in its own file; metrics or shard: a variant's whole score file or a rank's
+    shard, which jbkv no longer writes), variant, video name."""
     out = []
     for line in log.read_text().splitlines():
         e = json.loads(line)
         path = Path(e["path"])
         if "/metrics/shards/fidelity/" in e["path"]:
             kind = "shard"
-        elif "/metrics/fidelity/" in e["path"]:
+        elif path.parent.name == "fidelity" and path.parent.parent.name == "metrics":
             kind = "metrics"
+        elif path.parent.parent.name == "fidelity" and path.parent.parent.parent.name == "metrics":
+            kind = "score"
         elif path.parent.parent.name == "videos" and path.suffix == ".json":
             kind = "record" if path.name != "variant.json" else "variant"
         else:
             continue
         vid = path.stem if kind == "metrics" else path.parent.name
-        out.append(dict(rank=int(e["rank"]), kind=kind, vid=vid, name=path.stem, keys=e["keys"]))
+        out.append(dict(rank=int(e["rank"]), kind=kind, vid=vid, name=path.stem))
     return out
 
 
 def _scored_once(commits: list[dict]) -> Counter:
-    """(variant, video) -> how often a rank scored it; each shard write must add one video."""
-    held: dict[tuple[int, str], set[str]] = {}
-    scored: Counter = Counter()
-    for c in commits:
-        if c["kind"] != "shard":
-            continue
-        before = held.get((c["rank"], c["vid"]), set())
-        added = set(c["keys"]) - before
-        assert before <= set(c["keys"]) and len(added) == 1, c
-        held[(c["rank"], c["vid"])] = set(c["keys"])
-        scored[(c["vid"], added.pop())] += 1
-    return scored
+    """(variant, video) -> how often a rank saved its score; nothing else holds scores."""
+    assert not [c for c in commits if c["kind"] in ("shard", "metrics")], "a whole-file rewrite"
+    return Counter((c["vid"], c["name"]) for c in commits if c["kind"] == "score")
 
 
-def test_ranks_score_while_generating_each_video_once_then_rank0_merges(runs):
+def test_ranks_score_while_generating_each_video_once_in_its_own_file(runs):
     root, _ = runs
     commits = _commits(root / "two.log")
     for rank in (0, 1):  # one rank's lines are in its program order
         kinds = [c["kind"] for c in commits if c["rank"] == rank]
         last_video = max(i for i, k in enumerate(kinds) if k == "record")
-        assert "shard" in kinds[:last_video], f"rank {rank} scored only after generating"
+        assert "score" in kinds[:last_video], f"rank {rank} scored only after generating"
     scored = _scored_once(commits)
     assert len(scored) == VIDEOS * 2 // 3 and set(scored.values()) == {1}
     records = _records(root / "two/tiny")
     for c in commits:  # each video is scored by the rank that made it
-        if c["kind"] == "shard":
-            assert all(
-                records[f"videos/{c['vid']}/{n}.json"]["rank"] == c["rank"] for n in c["keys"]
-            )
-    shards = [i for i, c in enumerate(commits) if c["kind"] == "shard"]
-    merges = [i for i, c in enumerate(commits) if c["kind"] == "metrics"]
-    assert merges and min(merges) > max(shards)  # rank 0 merges after the ranks met
-    assert {commits[i]["rank"] for i in merges} == {0}
+        if c["kind"] == "score":
+            assert records[f"videos/{c['vid']}/{c['name']}.json"]["rank"] == c["rank"]
 
 
 def test_one_process_scores_each_video_right_after_making_it(runs):
     root, _ = runs
-    commits = [c for c in _commits(root / "one.log") if c["kind"] in ("record", "metrics")]
+    commits = [c for c in _commits(root / "one.log") if c["kind"] in ("record", "score")]
     variants = [
         i for i, c in enumerate(commits) if c["kind"] == "record" and c["vid"] != "reference"
     ]
     assert len(variants) == VIDEOS * 2 // 3
-    held: dict[str, set[str]] = {}
-    for i in variants:  # the next file committed is the video's score, added to its variant's
+    for i in variants:  # the next file committed is that video's score, in its own file
         made, scored = commits[i], commits[i + 1]
-        assert scored["kind"] == "metrics" and scored["vid"] == made["vid"], (made, scored)
-        assert set(scored["keys"]) == held.get(made["vid"], set()) | {made["name"]}
-        held[made["vid"]] = set(scored["keys"])
-    assert len([c for c in commits if c["kind"] == "metrics"]) == len(variants)  # once each
+        assert scored["kind"] == "score", (made, scored)
+        assert (scored["vid"], scored["name"]) == (made["vid"], made["name"]), (made, scored)
+    assert set(_scored_once(_commits(root / "one.log")).values()) == {1}  # once each
 
 
 def test_videos_made_but_not_scored_are_scored_on_resume(runs):

@@ -289,6 +289,8 @@ def _with_prompt(run_dir: Path, old: str, new: str) -> None:
     for path in (run_dir / "metrics").rglob("*.json"):
         text = path.read_text()
         path.write_text(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
+        if path.name.startswith(old):  # a video's own score file is named after it
+            path.rename(path.with_name(new + path.name[len(old) :]))
 
 
 @pytest.fixture(scope="module")

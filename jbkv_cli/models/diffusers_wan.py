@@ -20,10 +20,12 @@ import torch
 from jbkv_cli.errors import UsageError, WeightsNotFoundError
 from jbkv_cli.fields import Spec
 from jbkv_cli.jsonio import FileReadError, read_json
-from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KeyRope, KVSpec
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import Video
+from jbkv_cli.models.diffusers_cache import wan_key_rope
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.quant.qvg_policy import LAYOUTS
 
 TINY_TEXT_DIM = 32
 TINY_MAX_SEQUENCE_LENGTH = 16
@@ -174,11 +176,31 @@ class WanHeads:
 
     components: Any
     config: Any
+    pre_rope = True  # its caches can hold keys before RoPE (:meth:`key_rope`)
 
     def head_layout(self) -> HeadLayout:
         """Blocks, heads and tokens per latent frame (:func:`head_layout`)."""
         c, s = self.components, self.config
         return head_layout(c.transformer, c.vae, s.height, s.width)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens of one chunk (``chunk_frames`` latent frames)."""
+        return self.head_layout()["frame_tokens"] * self.config.chunk_frames
+
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        """``kv`` as this model runs it (:meth:`KVSpec.for_model` for ``name:config``)."""
+        return kv.for_model(f"{self.name}:{self.config.config}", self.chunk_tokens)  # type: ignore[attr-defined]
+
+    def key_rope(self, kv: KVSpec, layout: str | None, latents: torch.Tensor) -> KeyRope | None:
+        """The caches' :class:`KeyRope` for chunks shaped like ``latents`` when keys are cached
+        before RoPE — the spec's method asks for it, or ``layout`` is ``pre-rope`` (whatever the
+        spec; ``post-rope`` or None: as the spec) — else None."""
+        if layout is not None and layout not in LAYOUTS:
+            raise UsageError(f"key layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if "pre-rope" not in (layout, kv.key_layout):
+            return None
+        return wan_key_rope(self.components.transformer, latents)
 
     def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` measures every

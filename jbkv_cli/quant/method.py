@@ -17,6 +17,7 @@ import torch
 
 from jbkv_cli.fields import check_fields, option
 from jbkv_cli.quant.groupwise import check_group_size
+from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import QuantizedTensor
 
@@ -94,6 +95,24 @@ class KVMethod:
         """What a result row should say about how chunks of ``tokens`` tokens are stored
         (e.g. a capped codebook); "" for nothing."""
         return ""
+
+    def cache_policy(self) -> SpanPolicy:
+        """Which finished chunks the cache compresses together, and when
+        (:mod:`jbkv_cli.quant.policy`); every chunk at its commit, alone, for most."""
+        return PER_CHUNK
+
+    def key_layout(self) -> str:
+        """``post-rope`` (keys cached rotated, most) or ``pre-rope`` (cached before RoPE and
+        rotated on read, :mod:`jbkv_cli.attention.rope`)."""
+        return "post-rope"
+
+    def for_model(
+        self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
+    ) -> KVMethod:
+        """This method with the options left to the model filled in as its source runs them
+        on ``model`` (``chunk_tokens`` per chunk when known; ``pruned``: the cache prunes);
+        itself for most methods."""
+        return self
 
     # --- shared -----------------------------------------------------------------------------
 

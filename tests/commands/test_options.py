@@ -74,14 +74,14 @@ def test_a_prompt_file_with_a_bom_gives_the_same_prompts(tmp_path):
     assert read_prompts(str(f), None, "magi1") == ["a red circle", "blue square"]
 
 
-def _variant(*items: str, pruner: bool = False) -> str:
+def _variant(*items: str, pruner: str | None = None) -> str:
     from jbkv_cli.kvcache.spec import KVSpec
     from jbkv_cli.prune.registry import build_pruner, pruner_names
     from jbkv_cli.quant.registry import method_names
 
     options = parse_method_options(list(items), (*method_names(), *pruner_names()))
     if pruner:
-        return KVSpec(pruner=build_pruner("forcing-kv", **options["forcing-kv"])).variant_id
+        return KVSpec(pruner=build_pruner(pruner, **options[pruner])).variant_id
     return KVSpec.build("quarot", 2, 32, **options.get("quarot", {})).variant_id
 
 
@@ -90,10 +90,14 @@ def test_equal_option_values_make_one_variant_id_and_distinct_ones_two():
         "int2-quarot-g32-rs1"
     }
     assert _variant("quarot.seed=0", "quarot.block_size=none") == _variant()
-    retention = {r: _variant(f"forcing-kv.retention={r}", pruner=True) for r in (".5", "5e-1")}
-    assert set(retention.values()) == {"fkv-r50"}
-    ids = {_variant(f"forcing-kv.retention={r}", pruner=True) for r in ("0.33", "0.333", "0.334")}
-    assert ids == {"fkv", "fkv-r33p3", "fkv-r33p4"}  # 0.33 is the default
+    for name, key, short in (
+        ("forcing-kv", "sim_retention_ratio", "forcingkv"),
+        ("forcing-kv-history", "retention", "fkv"),
+    ):
+        half = {_variant(f"{name}.{key}={r}", pruner=name) for r in (".5", "5e-1")}
+        assert half == {f"{short}-r50"}
+        ids = {_variant(f"{name}.{key}={r}", pruner=name) for r in ("0.33", "0.333", "0.334")}
+        assert ids == {short, f"{short}-r33p3", f"{short}-r33p4"}  # 0.33 is the default
 
 
 def test_every_method_and_pruner_field_declares_its_type_and_bounds():

@@ -43,10 +43,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from jbkv_cli.atomic import atomic_path, check_writable_file, remove_stale_temps_of
+from jbkv_cli.atomic import atomic_path, remove_stale_temps_of
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.models.diffusers_wan import first_line
 from jbkv_cli.models.safetensors_io import not_regular, open_safetensors
+from jbkv_cli.outputs import check_output_file
 
 STATE_KEYS = ("generator_ema", "generator", "model")
 WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -285,7 +286,7 @@ def check_conversion(src: Path, dst: Path) -> None:
             f"{dst} exists and was not written by convert-checkpoint; jbkv does not overwrite "
             "it: remove it or give another DST"
         )
-    check_writable_file(dst, "converted checkpoint")
+    check_output_file(dst, "converted checkpoint")  # writable, and not a file of a run folder
 
 
 def _written_by_convert(path: Path) -> bool:

@@ -219,21 +219,28 @@ class SelfForcing(WanHeads):
         )[0]
         return out.float()
 
-    def draw(self, generator: torch.Generator) -> torch.Tensor:
-        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        """``(1, C, k, h, w)``: one chunk's latents."""
         s = self.config
         spatial = vae_scale(self.components.vae)[1]
         channels = self.components.transformer.config.in_channels
-        shape = (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
-        return torch.randn(shape, generator=generator, dtype=torch.float32).to(s.device)
+        return (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
+
+    def draw(self, generator: torch.Generator) -> torch.Tensor:
+        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+        shape = self.chunk_shape
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.config.device)
 
     def cache_spec(self, kv: KVSpec) -> KVSpec:
-        """``kv`` with this model's attention sinks (``sink`` chunks), unless it sets its own."""
+        """``kv`` as this model runs it (:meth:`resolve_kv`), with its attention sinks
+        (``sink`` chunks) unless it sets its own."""
         sink = self.config.sink
         if kv.sink_chunks not in (0, sink):
             raise JbkvError(
                 f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {sink}"
             )
+        kv = self.resolve_kv(kv)
         return replace(kv, sink_chunks=sink) if sink else kv
 
     # ----------------------------------------------------------------------- the loop
@@ -247,21 +254,25 @@ class SelfForcing(WanHeads):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
         probe: Any = None,
+        layout: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts.
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is
-        told the chunk and denoising step before each forward (``None`` for the clean pass)."""
+        told the chunk and denoising step before each forward (``None`` for the clean pass).
+        ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method asks (None:
+        as the spec; QVG's default here is pre-RoPE, as upstream's Self-Forcing integration)."""
         s, schedule = self.config, self.schedule
         transformer = self.components.transformer
         text = self.encode_prompt(prompt)
         spec = self.cache_spec(kv)
+        generator = noise_generator(seed, prompt)
+        rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
         caches = layer_caches(
-            spec, s.window, model=self.name, observer=observer, **self.head_layout()
+            spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
         )
         layers = caches if probe is None else probe.wrap(caches)
-        context = ChunkContext(caches=layers, backend=s.attention_backend)
-        generator = noise_generator(seed, prompt)
+        context = ChunkContext(caches=layers, backend=s.attention_backend, key_rope=rope)
         chunks, peak, working = [], PeakBytes(), 0
         with torch.no_grad(), cached_self_attention(transformer, context):
             for c in range(s.num_chunks):
@@ -311,7 +322,8 @@ class SelfForcing(WanHeads):
             prompt, seed, kv, progress=progress, observer=observer
         )
         info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
-        return chunk_video(self.components, self.config, latents, kv.label, info | cache_info)
+        label = self.resolve_kv(kv).label
+        return chunk_video(self.components, self.config, latents, label, info | cache_info)
 
 
 # --------------------------------------------------------------------------- loading

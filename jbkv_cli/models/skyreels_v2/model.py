@@ -238,24 +238,29 @@ class SkyReelsV2(WanHeads):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
         probe: Any = None,
+        layout: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents and facts about the cache.
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps every CFG branch's
         caches and is told the chunk and denoising step before each forward (``None`` for the
-        clean pass)."""
+        clean pass). ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method
+        asks (None: as the spec)."""
         s = self.config
         k = s.chunk_frames
+        kv = self.resolve_kv(kv)
         texts = [self.encode_prompt(prompt)]
         if s.guidance > 1.0:
             texts.append(self.encode_prompt(s.negative_prompt))
-        layout = self.head_layout()
+        heads = self.head_layout()
+        noise = self.initial_noise(prompt, seed)
+        rope = self.key_rope(kv, layout, noise[:, :, :k])
         caches = [
-            layer_caches(kv, s.window, model=self.name, observer=observer, **layout) for _ in texts
+            layer_caches(kv, s.window, model=self.name, observer=observer, rope=rope, **heads)
+            for _ in texts
         ]
         branches = caches if probe is None else [probe.wrap(b) for b in caches]
-        context = ChunkContext(backend=s.attention_backend)
-        noise = self.initial_noise(prompt, seed)
+        context = ChunkContext(backend=s.attention_backend, key_rope=rope)
         latents = torch.empty_like(noise)
         peak, working = PeakBytes(), 0
         with torch.no_grad(), chunk_attention(self.components.transformer, context):
@@ -304,7 +309,8 @@ class SkyReelsV2(WanHeads):
             prompt, seed, kv, progress=progress, observer=observer
         )
         info = {"steps": self.config.steps, "clean_context": CLEAN_CONTEXT, **cache_info}
-        return chunk_video(self.components, self.config, latents, kv.label, info)
+        label = self.resolve_kv(kv).label
+        return chunk_video(self.components, self.config, latents, label, info)
 
 
 # --------------------------------------------------------------------------- loading

@@ -39,6 +39,7 @@ class TinyVideoModel:
     """The tiny model behind the :class:`~jbkv_cli.models.base.VideoModel` protocol."""
 
     name = "tiny"
+    pre_rope = True  # its caches can hold keys before RoPE (``layout=pre-rope``)
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class TinyVideoModel:
         observer: AttentionObserver | None = None,
     ) -> Video:
         """One video of ``num_chunks * frames_per_chunk`` frames; same noise for every ``kv``."""
+        kv = self.resolve_kv(kv)
         parsed = parse_prompt(prompt)
         noise = draw_noise(self.model, self.sampler.num_chunks, seed, prompt)
         out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress, observer)
@@ -90,6 +92,15 @@ class TinyVideoModel:
     def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""
         return self.model.cfg.head_layout
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.model.cfg.chunk_len
+
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        """``kv`` as this model runs it (:meth:`KVSpec.for_model`: QVG's K rule; no upstream
+        cache policy to fill in)."""
+        return kv.for_model(self.name, self.chunk_tokens)
 
     def profile_heads(self, prompt: str, seed: int, probe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a
