@@ -43,8 +43,8 @@ centroid, ``K_eff = min(K, L // tokens_per_centroid)`` (the ``L/64`` cap ``qvg``
 embedded model's 256-token chunks get 4 centroids, and its rows say so).
 
 Storage, counted from the stored tensors, bits per element: values ``b + (b + 8)/g + 16/(L·D)
-+ 8/D + 16·K_eff/L``; keys add PSAC's dense ``(8r + 16)/D + 16r/L + 16·(D/g)/(L·D)`` (basis,
-noise scales) or its sparse layout when smaller.
++ 8/D + 16·K_eff/L``; keys add PSAC's dense rows ``(8r + 16)/D``, the basis ``16r/L`` and the
+noise scales ``16/(g·L)``, or the sparse rows when smaller.
 
 What remains different from the paper (or unknown from the text read):
 
