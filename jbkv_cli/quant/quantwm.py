@@ -1,62 +1,78 @@
 """QuantWM (Zhao et al., arXiv 2609.26425 v2/v3): query-aware 2-bit KV for video world models.
 
-Implemented from the full text as read in ``shared/docs/methods-sources.md`` ("QuantWM
-(paper)"); no code is published. Per committed chunk ``x [..., L, D]`` and (batch, head):
+Implemented from the full text (§3, Eq. 1–14, Tables 4–11, Appendices C–D) as summarised in
+``shared/docs/methods-sources.md`` ("QuantWM (paper)"); no code is published. Per committed
+chunk ``x [..., L, D]`` and (batch, head); each rule names where the paper states it:
 
-**Format** (the base is QuantVideoGen's centroid + residual, Eq. 3–4, for keys *and* values):
+**Format** — QuantVideoGen's centroid + residual (Eq. 3–4) for keys *and* values (App. D.1):
 ``x̂_i = c_{a_i} + r̂_i (+ Ĉ_i U_r for keys)``, one stage, ``K_eff`` BF16 centroids with uint8
-ids, the residual ``x − c_a`` in the affine INT-``b`` format with integer zero points and INT8
-scale codes under a shared FP16 secondary scale, group ``g = 64`` (Eq. 1–2, App. D.1;
-:mod:`jbkv_cli.quant.affine`).
+ids; the residual ``x − c_a`` in the affine INT-``b`` format (Eq. 1–2) with integer zero points
+bit-packed at ``b`` bits and INT8 scale codes under a shared FP16 secondary scale (App. D.1),
+group ``g = 64`` (App. D.1; :mod:`jbkv_cli.quant.affine`). ``K = 256`` (the paper's default).
 
-**Keys — QSAC** (Eq. 9, 10, 14; :mod:`jbkv_cli.quant.qsac`): channel weights ``w_c = M_cc /
-mean(M_cc)`` from the diagonal of the query second moment (the full ``M`` gives no consistent
-gain, Table 10), clustering in the query-weighted distance ``d_Q``, then each token takes, among
-its ``M = 4`` nearest centroids by ``d_Q``, the one whose residual has the least score ``S =
-Σ_g (Σ_{c∈g} w_c) R_g²`` (``-M quantwm.candidates=256`` scores all: Table 11).
+**Keys — QSAC** (§3, Eq. 9, 10, 14; :mod:`jbkv_cli.quant.qsac`): channel weights ``w_c = M_cc
+/ mean(M_cc)`` from the diagonal of the query second moment ``M`` (Eq. 9; the full ``M`` gives
+no consistent gain, Table 10); clustering in the query-weighted distance ``d_Q`` (Eq. 10);
+each token then takes, among its ``M = 4`` nearest centroids by ``d_Q``, the one whose residual
+has the least score ``S = Σ_g (Σ_{c∈g} w_c) R_g²`` (Eq. 14; ``-M quantwm.candidates=256``
+scores every centroid: Table 11, no gain at ≈ 2× the latency).
 
 **Keys — PSAC** (§3, Table 9, App. D.1; :mod:`jbkv_cli.quant.psac`): the key error left by the
-format, projected on the ``r = 8`` leading eigenvectors of ``M`` (``U_r`` BF16), coefficients
-INT8 with an FP16 scale per row, a row kept only where it lowers the query-weighted error, and
-per chunk the smaller of a dense and a sparse layout.
+format, ``E``, projected on the ``r = 8`` leading eigenvectors ``U_r`` of ``M`` (Table 9; BF16),
+``C = E U_rᵀ`` as INT8 codes with an FP16 scale per row, a row kept only where it lowers the
+query-weighted error, and per chunk the smaller of a dense and a sparse layout (App. D.1).
 
 **Values** follow the same reconstruction path without PSAC (App. D.1).
 
 **Causality** (App. C.3): ``M`` is that of the queries of *earlier* chunks, ``M^{t−1}``; the
 first chunk gets uniform channel sensitivity (``w_c = 1``) and no PSAC; a chunk's own queries
-(its denoising and its refresh pass) are added only after it is quantized. The cache keeps that
-protocol (:class:`~jbkv_cli.kvcache.ChunkKVCache`: queries since the last commit wait in a
-pending buffer until the next commit has stored its chunk).
+(its denoising steps and its refresh pass) are added only after it is quantized. The cache
+keeps that protocol (:class:`~jbkv_cli.kvcache.ChunkKVCache`: the queries since the last
+commit wait in a pending buffer until the next commit has stored its chunk).
 
-**Noise model** (for the Jensen-bias correction): the residual's steps ``Δ``; rows PSAC keeps
-report ``Δ·√ρ_j`` instead, jbkv's calibration on the query history (not the paper's; see
-:mod:`jbkv_cli.quant.psac`), which makes the Taylor correction's noise model fit.
+**Ablations** (Table 5, whose baseline row "without QSAC, without PSAC" is QVG as the paper
+describes it, i.e. with this affine residual): ``quantwm-qsac`` (QSAC, no PSAC),
+``quantwm-psac`` (Euclidean k-means keys + PSAC) and ``quantwm-base`` (neither: that baseline
+row). jbkv's ``qvg`` follows QVG's *code*, whose residual is symmetric with FP8 scales, so it is
+not Table 5's first row; pair the ablations against ``quantwm-base``.
 
-**Ablations** (Table 5, whose baseline row is QVG): ``quantwm-qsac`` (QSAC, no PSAC),
-``quantwm-psac`` (QVG's Euclidean k-means + PSAC), and ``quantwm-base`` (neither: QuantWM's
-format alone, so the two techniques can be paired against the same format; jbkv's ``qvg``
-stores its residual with upstream code's symmetric FP8 format instead).
+**jbkv's own addition — PSAC steps calibrated on the query history (not the paper's).** The
+Jensen-bias correction reads each cached token's rounding steps ``Δ``. Rows PSAC keeps report
+``Δ·√ρ_j`` instead, ``ρ_j`` the share of the history's query energy in group ``j`` outside
+``U_r`` (BF16 ``[D/g]`` per chunk and head, stored and counted; :mod:`jbkv_cli.quant.psac`):
+with it the correction's uniform-noise model fits the score noise PSAC leaves. Gated-off rows
+and values report ``Δ``. Without a correction these scales change nothing but the bytes.
 
-**K.** ``K = 256`` where a chunk has at least ``16·K`` tokens (Self-Forcing's 4,680 per chunk:
-≈18 per centroid); below that, where ``K = 256`` would store (nearly) every token as its own
-centroid, ``K_eff = min(K, L // tokens_per_centroid)`` (the ``L/64`` cap ``qvg`` uses: the
-embedded model's 256-token chunks get 4 centroids, and its rows say so).
+**Storage**, counted from the stored tensors (:meth:`QuantWMTensor.stored`), bits per element:
+values ``b + (b + 8)/g + 16/(L·D) + 8/D + 16·K_eff/L``; keys add PSAC's dense rows ``(8r +
+16)/D``, the basis ``16r/L`` and the noise scales ``16/(g·L)``, or the sparse rows when smaller.
 
-Storage, counted from the stored tensors, bits per element: values ``b + (b + 8)/g + 16/(L·D)
-+ 8/D + 16·K_eff/L``; keys add PSAC's dense rows ``(8r + 16)/D``, the basis ``16r/L`` and the
-noise scales ``16/(g·L)``, or the sparse rows when smaller.
+What remains different from the paper, or is jbkv's choice where the text read is silent:
 
-What remains different from the paper (or unknown from the text read):
-
-- The QSAC clustering loop (``d_Q`` Lloyd rounds, then Eq. 14 against the BF16 centroids),
-  ``iters = 2`` and the seeded init are jbkv's (QVG's scripts use 2 iterations).
-- Values are clustered by Euclidean k-means (QSAC's weights measure the keys' logit error).
-- ``M`` is the running sum over every earlier query (the text says "earlier steps"; no decay).
-- The scale-code rounding (up), the zero-inclusive range and one secondary scale per (chunk,
-  batch, head): :mod:`jbkv_cli.quant.affine`.
-- The PSAC steps ``Δ·√ρ`` (jbkv's), the tie rule of Eq. 14 (the nearer by ``d_Q``), the sparse
-  layout's index widths.
-- No kernels (plain PyTorch); QVG's multi-chunk spans are not used; not token-prunable.
+1. **QSAC's loop**: ``iters = 2`` Lloyd rounds in the ``d_Q`` metric (QVG's scripts' 2
+   iterations) from ``K`` distinct tokens drawn by a seeded generator, then Eq. 14 against the
+   BF16-rounded centroids; Eq. 14's ties go to the nearer by ``d_Q``.
+2. **Values** are clustered by Euclidean k-means (QSAC's weights measure the keys' logit error;
+   the text does not weigh values by queries).
+3. **The query history** ``M`` is the running sum over every earlier query of the layer
+   (all denoising steps and refresh passes, post-RoPE, a GQA group's query heads pooled on
+   their KV head); the text says "earlier steps" and names no decay or window.
+4. **The affine format's rounding**: the range widened to hold 0, scale codes rounded up
+   (uint8 1..255), one FP16 secondary scale per (chunk, batch, head)
+   (:mod:`jbkv_cli.quant.affine`).
+5. **PSAC's details**: ``U_r`` from the uncentred ``M``; the gate's weight ``Σ = M/n``; the
+   sparse layout's int16/int32 token indices and int32 row counts; the FP16 row scale rounded
+   up. The ``Δ·√ρ`` steps above are jbkv's and cost ``16/(g·L)`` bits.
+6. **K on small chunks** (jbkv's, the rule ``qvg`` uses): ``K = 256`` where a chunk holds at
+   least ``16·K`` tokens (Self-Forcing's 4,680 per chunk); below that, where ``K = 256`` would
+   store (nearly) every token as its own centroid, ``K_eff = min(K, L // tokens_per_centroid)``
+   (64: the embedded model's 256-token chunks get 4 centroids, and its rows say so).
+7. **Group size**: the run's ``--group-sizes`` sets ``g`` like every method's (the grid's
+   default is 32); the paper's setting is ``--group-sizes 64``.
+8. **Scope**: one codebook per chunk (the text read names no multi-chunk span); plain PyTorch,
+   no kernels; the stored tensor is not token-prunable; keys cached post-RoPE.
+9. **The token-selection shift** (Table 4's metric, :mod:`jbkv_cli.attention.diagnostics`) is
+   measured on the recorder's strided sample of queries and over ``[cached | current]`` tokens.
 """
 
 from __future__ import annotations
@@ -81,9 +97,8 @@ from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
 from jbkv_cli.quant.psac import PSACRows, psac_rows
 from jbkv_cli.quant.qsac import channel_weights, qsac_cluster
 from jbkv_cli.quant.queries import QueryStats
+from jbkv_cli.quant.qvg_policy import UNCAPPED_TOKENS_PER_CENTROID
 from jbkv_cli.quant.tensor import QuantizedTensor
-
-UNCAPPED_TOKENS_PER_CENTROID = 16  # K uncapped from 16·K tokens per chunk (real models)
 
 
 def quantwm_centroids(k: int, tokens: int, tokens_per_centroid: int) -> tuple[int, bool]:
