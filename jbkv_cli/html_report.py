@@ -138,6 +138,7 @@ _SORT_KEYS = {
     "SSIM ↑": lambda r: r.mean("ssim"),
     "LPIPS ↓": lambda r: r.mean("lpips"),
     "ΔP_S": lambda r: r.mean("delta_ps"),
+    "top-1 shift ↓": lambda r: r.mean("token_shift"),
     "KV MB": lambda r: r.kv_cache_bytes,
     "KV/ref": lambda r: r.kv_ratio,
     "s/video": lambda r: r.mean("seconds"),

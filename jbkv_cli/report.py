@@ -90,7 +90,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
         rows.append(
             ResultRow(
                 variant=vid,
-                label=_label(spec, run, ref),
+                label=_label(spec, run, ref) + _storage_note(spec, run),
                 quantizer=spec.quantizer,
                 bits=spec.bits,
                 group_size=None if ref else spec.group_size,
@@ -119,6 +119,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 pruner=spec.pruner.name if spec.pruner is not None else "none",
                 kv_ratio=ratio,
                 kv_bytes_by_head=_bytes_by_head(records),
+                token_shift=Stat.of([d.get("token_shift") for d in diag]),
             )
         )
     return rows
@@ -141,6 +142,16 @@ def _label(spec, run: RunDir, reference: bool) -> str:
     if spec.method is None:  # pruned only: stored as the model gave it
         return spec.label.replace("16-bit", reference_label(run), 1)
     return spec.label
+
+
+def _storage_note(spec, run: RunDir) -> str:
+    """`` (K=4: L/64 cap)`` where the method stores this model's chunks in a way the row should
+    say (:meth:`~jbkv_cli.quant.method.KVMethod.storage_note`), else ""."""
+    tokens = run.manifest.get("settings", {}).get("tokens_per_chunk")
+    if spec.method is None or type(tokens) is not int or tokens < 1:
+        return ""
+    note = spec.method.storage_note(tokens)
+    return f" ({note})" if note else ""
 
 
 def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
@@ -237,6 +248,7 @@ COLUMNS = (
     "SSIM ↑",
     "LPIPS ↓",
     "ΔP_S",
+    "top-1 shift ↓",
     "KV MB",
     "KV/ref",
     "s/video",
@@ -258,7 +270,7 @@ class Layout:
 
 
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
-_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video"}  # eff. bits says the size
+_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video", "top-1 shift ↓"}  # eff. bits: size
 LAYOUTS = (
     Layout(),
     Layout(_REDUNDANT),
@@ -280,6 +292,7 @@ def table_cells(
         "SSIM ↑": _best(rows, "ssim", False),
         "LPIPS ↓": _best(rows, "lpips", True),
         "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
+        "top-1 shift ↓": _best(rows, "token_shift", True),
     }
 
     def fmt(column: str, m: Stat | None, digits: int, signed: bool = False) -> str:
@@ -308,6 +321,7 @@ def table_cells(
             "SSIM ↑": "ref" if ref else fmt("SSIM ↑", r.ssim, 4),
             "LPIPS ↓": "ref" if ref else lp,
             "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
+            "top-1 shift ↓": "—" if ref else fmt("top-1 shift ↓", r.token_shift, 4),
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
             "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
             "s/video": fmt("s/video", r.seconds, 2),
@@ -435,7 +449,7 @@ def to_csv(rows: list[ResultRow]) -> str:
         "pruner",
         "kv_ratio",
     ]
-    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds"]
+    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", "token_shift"]
     writer = csv.writer(buf)
     writer.writerow(
         fields

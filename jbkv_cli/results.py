@@ -50,7 +50,7 @@ class Stat:
 
 
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
-METRICS += ("noise_z_mean", "seconds")
+METRICS += ("noise_z_mean", "seconds", "token_shift")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ class ResultRow:
     pruner: str = "none"  # the KV pruner's name (none: every cached token kept)
     kv_ratio: float | None = None  # kv_cache_bytes / the reference's, measured
     kv_bytes_by_head: dict[str, int] | None = None  # pruned: peak bytes per head class
+    token_shift: Stat | None = None  # share of queries whose top-1 token changed (QuantWM T. 4)
 
     @property
     def is_reference(self) -> bool:

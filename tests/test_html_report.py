@@ -307,6 +307,14 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
         )
         assert psnr == sorted(psnr) and len(psnr) == 4
 
+        # figures at their natural size (the frontier's panels full width, not thumbnails)
+        frontier = browser.js(
+            "(() => { const i = document.querySelector('img[src=\"frontier.png\"]'); "
+            "return [i.naturalWidth, i.naturalHeight, i.getBoundingClientRect().width]; })()"
+        )
+        assert frontier[0] >= 900 and frontier[1] > frontier[0], frontier  # panels stacked
+        assert abs(frontier[2] - frontier[0]) <= 1, frontier  # shown at 100%
+
         # screenshot of the first row of videos, not blank
         browser.js("document.querySelector('.sync-group').scrollIntoView()")
         shot = base64.b64decode(browser.call("Page.captureScreenshot", {"format": "png"})["data"])

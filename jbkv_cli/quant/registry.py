@@ -8,7 +8,7 @@ from typing import Any
 
 from jbkv_cli.quant.kivi import KIVI
 from jbkv_cli.quant.method import KVMethod
-from jbkv_cli.quant.quantwm import QuantWM, QuantWMPSAC, QuantWMQSAC
+from jbkv_cli.quant.quantwm import QuantWM, QuantWMBase, QuantWMPSAC, QuantWMQSAC
 from jbkv_cli.quant.quarot import QuaRot
 from jbkv_cli.quant.qvg import QVG
 from jbkv_cli.quant.rtn import RTN, RTNNearest
@@ -46,5 +46,5 @@ def table_rank(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
-for _cls in (RTN, RTNNearest, QuaRot, KIVI, QVG, QuantWM, QuantWMQSAC, QuantWMPSAC):
+for _cls in (RTN, RTNNearest, QuaRot, KIVI, QVG, QuantWM, QuantWMQSAC, QuantWMPSAC, QuantWMBase):
     register_method(_cls)
