@@ -21,7 +21,7 @@ def jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "120"}
     env.pop("JBKV_DEBUG", None)
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=cwd, env=env
     )
 
 
