@@ -26,7 +26,7 @@ TINY = ["--num-chunks", "2", "--steps", "1"]
 
 
 def run(
-    *args: object, cwd: Path | None = None, timeout: float = 120
+    *args: object, cwd: Path | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "120"}
     env.pop("JBKV_DEBUG", None)

@@ -31,7 +31,7 @@ LONG_HOST = "h" * 64
 
 
 def run(
-    *args: object, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+    *args: object, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     """The installed ``jbkv`` with ``args``; ``timeout`` turns a blocked read into a failure."""
     full = {**os.environ, "COLUMNS": "120", **(env or {})}

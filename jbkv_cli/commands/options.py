@@ -157,7 +157,9 @@ def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[
     if spec is None and not extra:
         spec = model if (PROMPTS_DIR / f"{model}.txt").is_file() else None
         if spec is None:
-            raise UsageError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
+            raise UsageError(
+                f"give --prompts FILE, --prompt TEXT or --cases FILE for model {model!r}"
+            )
     if spec is not None:
         path = Path(spec)
         if not path.exists() or path.is_dir():

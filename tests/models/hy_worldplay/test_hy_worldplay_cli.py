@@ -16,7 +16,7 @@ JBKV = str(Path(sys.executable).with_name("jbkv"))
 TINY = ["--model", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks=2"]
 
 
-def jbkv(*args: object, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def jbkv(*args: object, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
     env.pop("JBKV_DEBUG", None)
     return subprocess.run(
@@ -160,3 +160,18 @@ def test_hy_worldplay_missing_weights_are_one_error_listing_them(tmp_path):
     for needle in ("ar_distilled_action_model", "Qwen/Qwen2.5-VL-7B-Instruct", "gated"):
         assert needle in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_hy_worldplay_refuses_pruning_and_profiling_in_one_line(tmp_path):
+    """Its memory is re-selected every chunk, so it has no head layout: Forcing-KV and
+    profile-heads are usage errors, checked before anything is created."""
+    image(tmp_path / "1.png")
+    cases = case_file(tmp_path, ["1.png,a house,w-7"])
+    for args in (
+        ["generate", *TINY, "--cases", cases, "--pruner", "forcing-kv", "--out", "out"],
+        ["profile-heads", *TINY, "--cases", cases, "--out", "p.json"],
+    ):
+        r = jbkv(*args, cwd=tmp_path)
+        assert r.returncode == 2, (args[0], r.returncode, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1.png", "cases.csv"]
