@@ -37,6 +37,8 @@ import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
     Correction,
+    augment_keys,
+    augment_queries,
     build_augmented,
     get_correction,
     group_sq_norms,
@@ -100,24 +102,27 @@ def causal_sdpa(
     lc: int,
     scale: float,
     mask: torch.Tensor | None = None,
-    out_dim: int | None = None,
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
     block: int = CAUSAL_BLOCK,
 ) -> torch.Tensor:
     """Causal attention of the current chunk ``q [.., Lq, D]`` over ``[cached (lc) | current]``
-    keys ``k``/``v [.., lc + Lq, D]``, one query block at a time (see the module docstring).
+    keys ``k``/``v [.., lc + Lq, D']``, one query block at a time (see the module docstring).
 
-    ``mask``: an additive ``[.., 1, Lk]`` mask on top (pruned tokens); ``out_dim``: keep the
-    first ``out_dim`` output channels (the augmented form's extra channels are dropped per block).
+    ``mask``: an additive ``[.., 1, Lk]`` mask on top (pruned tokens). ``augment``: applied to
+    each query block (the Taylor form's extra query channels, so no augmented copy of every
+    query exists); the output keeps the first ``D`` channels.
     """
-    lq = q.shape[-2]
-    out = q.new_empty((*q.shape[:-1], out_dim or v.shape[-1]))
+    lq, d = q.shape[-2], q.shape[-1]
+    out = q.new_empty((*q.shape[:-1], d))
     for start in range(0, lq, block):
         rows = min(block, lq - start)
         end = lc + start + rows
         allowed = visible(start, rows, lc, end, q.device)
         m = allowed if mask is None else mask[..., :end].masked_fill(~allowed, float("-inf"))
-        o = sdpa(q[..., start : start + rows, :], k[..., :end, :], v[..., :end, :], scale, m)
-        out[..., start : start + rows, :] = o[..., : out.shape[-1]]
+        qb = q[..., start : start + rows, :]
+        qb = qb if augment is None else augment(qb)
+        o = sdpa(qb, k[..., :end, :], v[..., :end, :], scale, m)
+        out[..., start : start + rows, :] = o[..., :d]
     return out
 
 
@@ -177,13 +182,16 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
 
 
 def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
+    if causal:
+        ka, va = augment_keys(cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign)
+        groups, rotation = cached.k_step.shape[-1], cached.rotation
+        dropped = key_mask(cached, q, ka.shape[-2])
+        augment = lambda qb: augment_queries(qb, groups, rotation)  # noqa: E731
+        return causal_sdpa(q, ka, va, cached.num_tokens, scale, dropped, augment)
     qa, ka, va = build_augmented(
         q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
     )
-    dropped = key_mask(cached, q, ka.shape[-2])
-    if causal:
-        return causal_sdpa(qa, ka, va, cached.num_tokens, scale, dropped, q.shape[-1])
-    return sdpa(qa, ka, va, scale, dropped)[..., : q.shape[-1]]
+    return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
 
 def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):

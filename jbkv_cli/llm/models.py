@@ -111,12 +111,14 @@ def _fingerprint(where: str, embedded: bool, model: Any) -> str:
 def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     """Load ``--model`` with its tokenizer in ``dtype`` on ``device``, hosted by jbkv."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from jbkv_cli.llm.hosting import ATTENTION, host, register
     from jbkv_cli.llm.prefill import check_model
 
     where, embedded = model_path(name)
     register()
+    hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
     try:
         tokenizer = AutoTokenizer.from_pretrained(where)
         model = AutoModelForCausalLM.from_pretrained(

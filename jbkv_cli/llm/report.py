@@ -215,10 +215,11 @@ def rich_table(rows: list[Row], title: str) -> Table:
         table.add_column(
             col, justify="left" if col in ("bin", "variant") else "right", no_wrap=True
         )
-    for r in rows:
+    for i, r in enumerate(rows):
         values = cells(r)
         values[2] = plain(values[2])  # the variant label is read from the run folder
-        table.add_row(*values, end_section=r.bin == ALL and r is not rows[-1])
+        last_of_chunk = i + 1 < len(rows) and rows[i + 1].chunk != r.chunk
+        table.add_row(*values, end_section=last_of_chunk)
     return table
 
 

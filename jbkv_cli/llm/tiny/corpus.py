@@ -38,10 +38,10 @@ EVAL_STREAM = 1 << 40  # evaluation documents are drawn from seeds offset by thi
 class CorpusConfig:
     """The synthetic language: how many fillers, keys and values, and how often events occur."""
 
-    fillers: int = 256
-    keys: int = 32
-    values: int = 16
-    bind_prob: float = 0.1
+    fillers: int = 64
+    keys: int = 16
+    values: int = 8
+    bind_prob: float = 0.05
     query_prob: float = 0.1
 
     def vocabulary(self) -> list[str]:
