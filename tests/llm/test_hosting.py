@@ -231,3 +231,26 @@ def test_no_jbkv_cache_is_exact_causal_attention():
     mask = torch.ones(5, 12, dtype=torch.bool).tril(7)
     ref = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask, scale=0.25)
     assert (out - ref.transpose(1, 2)).abs().max() <= 1e-6
+
+
+def test_every_registry_method_and_correction_runs():
+    """Every method of the registry, with every CLI correction, stores the prefix and scores
+    the chunk; quantized methods store less than the reference, and the correction moves the
+    prefix's attention mass (ΔP_S) for every method that quantizes keys."""
+    from jbkv_cli.commands.options import CLI_CORRECTIONS
+    from jbkv_cli.quant.registry import METHODS
+
+    model = tiny_lm("llama")
+    hosting.host(model)
+    specs = [FULL_PRECISION]
+    for name, cls in METHODS.items():
+        specs += [KVSpec.build(name, min(cls.SUPPORTED_BITS), 32, c) for c in CLI_CORRECTIONS]
+    _, results = score_example(model, _ids(200).tolist(), 160, specs)
+    ref = results[FULL_PRECISION]
+    for spec in specs[1:]:
+        r = results[spec]
+        assert torch.isfinite(r.nll).all(), spec.label
+        assert r.kv_cache_bytes < ref.kv_cache_bytes, spec.label
+        if spec.correction != "none":
+            unc = results[KVSpec(spec.key, spec.value, "none")]
+            assert r.diagnostics["delta_ps"] != unc.diagnostics["delta_ps"], spec.label
