@@ -17,10 +17,12 @@ One attention layer with a 7B-like head layout (Llama-3.1-8B / Mistral-7B: 32 qu
 Each case runs in its own process under the same address-space cap (``--cap-gib``), so the
 dense mask that does not fit fails to allocate there (the paper's OOM, reproduced) while the
 others run; its mask size is reported exactly (``numel × 4`` bytes). Peak memory is the rise of
-the process's resident set during the call (``VmHWM`` after resetting it, minus ``VmRSS``
-before); time is the wall time of one call (best of ``--repeats``).
+the process's resident set during the first call (``VmHWM`` after resetting it, minus ``VmRSS``
+before); time is the wall time of one call, the best over ``--rounds`` rounds, each round
+running every case once in a fresh process, interleaved, so a change of the machine's load
+between cases does not bias one of them.
 
-    nice -n 10 python benchmarks/llm_prefill.py [--sizes 2048,8192,16384] [--cap-gib 12]
+    nice -n 10 python benchmarks/llm_prefill.py [--sizes 2048,8192,16384] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -96,10 +98,11 @@ def _case(name: str, q, k, v, cached):
     return dense
 
 
-def worker(name: str, n: int, repeats: int) -> dict:
+def worker(name: str, n: int, repeats: int, threads: int) -> dict:
     """Run one case in this process; print its JSON line."""
     import torch
 
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     q, k, v, cached = _inputs(n)
     fn = _case(name, q, k, v, cached)
@@ -116,7 +119,7 @@ def worker(name: str, n: int, repeats: int) -> dict:
     return {"case": name, "n": n, "seconds": min(times), "peak_bytes": peak}
 
 
-def run_case(name: str, n: int, repeats: int, cap_gib: float) -> dict:
+def run_case(name: str, n: int, repeats: int, cap_gib: float, threads: int) -> dict:
     """``worker`` in a child process under an address-space cap; a failure is recorded."""
     cap = int(cap_gib * 2**30)
 
@@ -124,7 +127,8 @@ def run_case(name: str, n: int, repeats: int, cap_gib: float) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     cmd = [sys.executable, __file__, "--worker", name, "--n", str(n), "--repeats", str(repeats)]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    cmd += ["--threads", str(threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -139,14 +143,16 @@ def dense_mask_bytes(n: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2048,8192,16384", help="A = B values")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="calls per process")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh processes per case")
     parser.add_argument("--cap-gib", type=float, default=12.0, help="address-space cap per case")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per case")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/llm_prefill.json"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.n, args.repeats)))
+        print(json.dumps(worker(args.worker, args.n, args.repeats, args.threads)))
         return
 
     import torch
@@ -156,7 +162,16 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
     for n in sizes:
-        results = {c: run_case(c, n, args.repeats, args.cap_gib) for c in CASES}
+        results: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for c in CASES:
+                if results.get(c, {}).get("failed"):
+                    continue  # a failed allocation fails again
+                r = run_case(c, n, args.repeats, args.cap_gib, args.threads)
+                if c not in results or r.get("failed"):
+                    results[c] = r
+                elif r["seconds"] < results[c]["seconds"]:
+                    results[c] = {**results[c], "seconds": r["seconds"]}
         base = results["sdpa"]
         row = {"A": n, "B": n, "dense_mask_bytes": dense_mask_bytes(n), "cases": results}
         for c in CASES[1:]:
@@ -170,7 +185,8 @@ def main() -> None:
 
     table = Table(
         title=f"Partial-prefill attention, one layer, {HQ} q / {HKV} kv heads, d={D}, fp32, INT2 "
-        f"g{GROUP} prefix, CPU {torch.get_num_threads()} threads, cap {args.cap_gib:g} GiB/case; "
+        f"g{GROUP} prefix, CPU {args.threads} thread(s), cap {args.cap_gib:g} GiB/case, best of "
+        f"{args.rounds} rounds; "
         "ratios vs uncorrected blocked SDPA"
     )
     for col in (
@@ -207,7 +223,8 @@ def main() -> None:
         )
     Console(width=180).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cap_gib": args.cap_gib}
+    meta = {"torch": torch.__version__, "threads": args.threads, "cap_gib": args.cap_gib}
+    meta["rounds"] = args.rounds
     args.out.write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")
 

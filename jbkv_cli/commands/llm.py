@@ -93,22 +93,22 @@ def llm_prefill(
         str | None,
         typer.Option(
             help="longbench-pro (after `jbkv weights fetch longbench-pro`), synthetic (the "
-            "embedded LM's language), or a .jsonl/.json/text file [default: synthetic for "
-            "tiny, else longbench-pro]."
+            "embedded LM's language), or a .jsonl/.json/text file (default: synthetic for "
+            "tiny, else longbench-pro)."
         ),
     ] = None,
     bins: Annotated[
         str | None,
         typer.Option(
-            help="Cached-prefix length bins lo-hi [default: tiny 128-256,256-512; else "
-            "256-512,512-1024]."
+            help="Cached-prefix length bins lo-hi (default: tiny 128-256,256-512; else "
+            "256-512,512-1024)."
         ),
     ] = None,
     chunk_sizes: Annotated[
         str | None,
         typer.Option(
             "--chunk-sizes",
-            help="Current-chunk sizes [default: tiny 32,64,128,256; else 128,512,2048,8192].",
+            help="Current-chunk sizes (default: tiny 32,64,128,256; else 128,512,2048,8192).",
         ),
     ] = None,
     bits: Annotated[str, typer.Option(help="Bit widths of the cached prefix.")] = "2,4",
@@ -126,7 +126,7 @@ def llm_prefill(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the example order and lengths.")] = 0,
     out_dir: Annotated[
         Path | None,
-        typer.Option("--out", help="Run folder [default: runs/llm-prefill/<model>]."),
+        typer.Option("--out", help="Run folder (default: runs/llm-prefill/MODEL)."),
     ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result JSON here.")

@@ -157,7 +157,7 @@ def open_source(data: str, seed: int, longest: int, *, embedded: bool) -> Source
             f"--data {shown(data)} is neither {LONGBENCH}, {SYNTHETIC} nor a readable file"
         )
     if path.suffix.lower() in (".json", ".jsonl"):
-        return _records(path, str(path), seed)
+        return _records(path, str(path.resolve()), seed)
     return _plain(path, longest, seed)
 
 
@@ -201,7 +201,7 @@ def _records(path: Path, name: str, seed: int) -> Source:
         docs.append(Document(safe_key(item.get("id", ""), i), text))
     if not docs:
         raise JbkvError(f"--data {path}: no English records with text")
-    order = _seeded_order(len(docs), seed, name)
+    order = _seeded_order(len(docs), seed, path.name)  # stable when the file moves
     return Source(
         name,
         lambda: (docs[i] for i in order),
@@ -217,9 +217,9 @@ def _plain(path: Path, longest: int, seed: int) -> Source:
         raise JbkvError(f"--data {path} is empty")
     step = longest * CHARS_PER_TOKEN
     docs = [Document(f"c{start:010d}", text[start:]) for start in range(0, len(text), step)]
-    order = _seeded_order(len(docs), seed, str(path))
+    order = _seeded_order(len(docs), seed, str(path.name))
     return Source(
-        str(path),
+        str(path.resolve()),
         lambda: (docs[i] for i in order),
         f"plain text {path.name}, windows of {step} characters",
         _file_fingerprint(path),
