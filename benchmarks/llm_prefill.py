@@ -18,7 +18,7 @@ Each case runs in its own process under the same address-space cap (``--cap-gib`
 dense mask that does not fit fails to allocate there (the paper's OOM, reproduced) while the
 others run; its mask size is reported exactly (``numel × 4`` bytes). Peak memory is the rise of
 the process's resident set during the first call (``VmHWM`` after resetting it, minus ``VmRSS``
-before); time is the wall time of one call, the best over ``--rounds`` rounds, each round
+before; glibc's mmap threshold fixed, so freed buffers leave the resident set); time is the wall time of one call, the best over ``--rounds`` rounds, each round
 running every case once in a fresh process, interleaved, so a change of the machine's load
 between cases does not bias one of them.
 
@@ -128,7 +128,9 @@ def run_case(name: str, n: int, repeats: int, cap_gib: float, threads: int) -> d
 
     cmd = [sys.executable, __file__, "--worker", name, "--n", str(n), "--repeats", str(repeats)]
     cmd += ["--threads", str(threads)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    # a fixed mmap threshold: glibc's dynamic one would keep freed per-block buffers in the
+    # heap, so the resident set would count memory no longer live
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MALLOC_MMAP_THRESHOLD_="131072")
     proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,6 +16,7 @@ reference) and is switched to ``attn_implementation="jbkv"`` (:func:`jbkv_cli.ll
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,28 @@ def model_path(name: str) -> tuple[str, bool]:
     )
 
 
+GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(where: str) -> Any:
+    """The folder's tokenizer. A folder that declares the generic fast tokenizer (its
+    ``tokenizer.json`` is the whole tokenizer, as the embedded LM's) gets exactly that:
+    ``AutoTokenizer`` in transformers 5 would pick the model type's own class instead and
+    rebuild it from the file, which loses a tokenizer of another kind."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(where)
+    config = path / "tokenizer_config.json"
+    if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
+        try:
+            declared = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            declared = None
+        if declared in GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(where)
+    return AutoTokenizer.from_pretrained(where)
+
+
 def _fingerprint(where: str, embedded: bool, model: Any) -> str:
     """What identifies the weights in the run's settings: a hash of the config and the weight
     files' names and sizes (a folder), or the hub commit."""
@@ -110,7 +133,7 @@ def _fingerprint(where: str, embedded: bool, model: Any) -> str:
 
 def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     """Load ``--model`` with its tokenizer in ``dtype`` on ``device``, hosted by jbkv."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from jbkv_cli.llm.hosting import ATTENTION, host, register
@@ -120,7 +143,7 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     register()
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
+        tokenizer = load_tokenizer(where)
         model = AutoModelForCausalLM.from_pretrained(
             where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
         )
