@@ -12,6 +12,11 @@ form, so every backend computes it with a float mask built one query block at a 
 (``masked``), holding at most ``block × Lk`` scores per head. ``correction`` is a name or a
 :class:`~jbkv_cli.attention.correction.Correction`.
 
+Keys read from a pre-RoPE cache carry the rotation they got on read (``CachedKV.key_rotation``):
+where that changes the bias (the exact form, or steps that split RoPE pairs) attention takes the
+``masked`` path with :func:`~jbkv_cli.attention.rope.rope_bias`; per-token groups of whole pairs
+keep the post-RoPE Taylor term and every backend (:mod:`jbkv_cli.attention.rope`).
+
 Cached tokens a pruner dropped (``CachedKV.valid`` False) get ``−inf`` in every backend
 (:func:`key_mask`, a ``[B, Hq, 1, Lk]`` additive mask, or inside the ``score_mod``), so the
 output equals attention over the kept tokens alone; their correction term is irrelevant.
@@ -44,6 +49,7 @@ from jbkv_cli.attention.correction import (
     group_sq_norms,
     jensen_bias,
 )
+from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor
 
@@ -66,6 +72,7 @@ class CachedKV:
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    key_rotation: KeyRotation | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -138,7 +145,11 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
     return mask
 
 
-def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
+def cached_bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
+    """The bias ``[..., Hq, Lq, Lc]`` of ``cached``'s keys in ``method`` (``taylor``, ``exact``,
+    ``none``), with their rotation or, from a pre-RoPE cache, their RoPE where it matters."""
+    if needs_pair_terms(cached.k_step, q.shape[-1], cached.key_rotation, method):
+        return rope_bias(q, cached.k_step, scale, method, cached.key_rotation)
     return jensen_bias(q, cached.k_step, scale, method, cached.rotation)
 
 
@@ -161,7 +172,7 @@ def masked(
     outs = []
     for start in range(0, lq, block):
         qb = q[..., start : start + block, :]
-        bias = sign * _bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
+        bias = sign * cached_bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
         mask = F.pad(bias, (0, k.shape[-2] - lc)).to(q.dtype)
         if dropped is not None:
             mask = mask + dropped
@@ -274,6 +285,9 @@ def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None, causal: bool = False
             )
         if cached.valid is not None and cached.valid.shape != cached.k.shape[:-1]:
             raise ValueError(f"cached.valid {tuple(cached.valid.shape)} must be {want[:-1]}")
+        rot = cached.key_rotation
+        if rot is not None and (rot.num_tokens != want[-2] or cached.rotation is not None):
+            raise ValueError("cached.key_rotation must cover every cached key, without a rotation")
 
 
 def attend(
@@ -307,9 +321,11 @@ def attend(
         if causal:
             return causal_sdpa(q, *concat_kv(cached, k_cur, v_cur), cached.num_tokens, scale, mask)
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
-    if corr.form == "exact":
+    if corr.form == "exact" or needs_pair_terms(
+        cached.k_step, q.shape[-1], cached.key_rotation, corr.form
+    ):
         kv = concat_kv(cached, k_cur, v_cur)
-        return masked(q, *kv, cached, scale, "exact", corr.sign, causal=causal)
+        return masked(q, *kv, cached, scale, corr.form, corr.sign, causal=causal)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
