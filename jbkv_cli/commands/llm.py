@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli import distributed
-from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
+from jbkv_cli.atomic import check_writable_dir, write_text_atomic
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
     DeviceOpt,
@@ -28,7 +28,9 @@ from jbkv_cli.commands.options import (
 )
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.fields import MAX_SEED
 from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.outputs import check_output_file
 from jbkv_cli.quant.registry import METHODS, method_names
 
 EMBEDDED_DEFAULTS = {"data": "synthetic", "bins": "128-256,256-512", "chunks": "32,64,128,256"}
@@ -123,7 +125,9 @@ def llm_prefill(
     examples: Annotated[
         int, typer.Option(min=1, max=100_000, help="Examples per (bin, chunk size).")
     ] = 16,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the example order and lengths.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, max=MAX_SEED, help="Seed of the example order and lengths.")
+    ] = 0,
     out_dir: Annotated[
         Path | None,
         typer.Option("--out", help="Run folder (default: runs/llm-prefill/MODEL)."),
@@ -166,8 +170,8 @@ def llm_prefill(
         EMBEDDED if embedded else (str(Path(where).resolve()) if Path(where).is_dir() else where)
     )
     root = out_dir or Path("runs") / "llm-prefill" / _slug(model)
-    if json_path is not None:
-        check_writable_file(json_path, "--json")
+    if json_path is not None:  # not over a file of this run (or another one) that jbkv reads
+        check_output_file(json_path, "--json", runs=[root])
     longest = max(b.hi for b in bin_list) + max(chunk_list)
     source = open_source(data, seed, longest, embedded=embedded)
     distributed.setup(dev)

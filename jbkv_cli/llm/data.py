@@ -26,13 +26,13 @@ seeded order, skipping those too short, until ``--examples`` are found per (bin,
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
+from jbkv_cli.jsonio import parse_json, read_text
 from jbkv_cli.seeding import derive_seed
 
 LONGBENCH = "longbench-pro"
@@ -41,6 +41,7 @@ LONGBENCH_ENTRY = "longbench-pro"  # the weights-manifest entry that fetches it
 ENGLISH = ("english", "en")
 CHARS_PER_TOKEN = 8  # text cut before tokenizing (then the whole text if that was too short)
 MAX_SYNTHETIC = 100_000
+MAX_DATA_BYTES = 4 * 2**30  # a --data file is read whole; LongBench-Pro's size is not pinned
 
 
 @dataclass(frozen=True)
@@ -162,11 +163,9 @@ def open_source(data: str, seed: int, longest: int, *, embedded: bool) -> Source
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or exc
-        raise JbkvError(f"cannot read --data {path}: {reason}") from exc
+    """The file's UTF-8 text: a regular file of at most :data:`MAX_DATA_BYTES` (a FIFO or a
+    device is refused without blocking, :mod:`jbkv_cli.jsonio`); else one line naming it."""
+    return read_text(path, "--data", MAX_DATA_BYTES)
 
 
 def _file_fingerprint(path: Path) -> str:
@@ -178,14 +177,11 @@ def _file_fingerprint(path: Path) -> str:
 def _records(path: Path, name: str, seed: int) -> Source:
     """JSON list / JSONL records with ``text`` or ``context``; non-English records skipped."""
     raw = _read_text(path)
-    try:
-        if path.suffix.lower() == ".jsonl":
-            items = [json.loads(ln) for ln in raw.splitlines() if ln.strip()]
-        else:
-            items = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        reason = " ".join(str(exc).split())[:100]
-        raise JbkvError(f"--data {path} is not valid JSON: {reason}") from exc
+    if path.suffix.lower() == ".jsonl":
+        lines = enumerate(raw.splitlines(), 1)
+        items = [parse_json(ln, f"{path} line {n}", "--data") for n, ln in lines if ln.strip()]
+    else:
+        items = parse_json(raw, path, "--data")
     if not isinstance(items, list):
         raise JbkvError(f"--data {path}: expected a list of records (or one record per line)")
     docs = []

@@ -10,13 +10,13 @@ Like :mod:`jbkv_cli.gate` for videos, it passes only when it compared something 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.gate import GateResult
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.llm.report import Row
 from jbkv_cli.llm.run import KIND
 
@@ -45,11 +45,7 @@ def parse_tolerances(text: str | None) -> dict[str, float]:
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """An llm-prefill ``results.json``; any problem is one line naming the file."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read baseline {path}: {reason}") from exc
+    data = read_json(path, "baseline")  # regular file, <= 64 MiB, finite numbers
     problem = None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         problem = f'not an {KIND} result (no "kind": "{KIND}")'

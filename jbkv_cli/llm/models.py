@@ -16,7 +16,6 @@ reference) and is switched to ``attn_implementation="jbkv"`` (:func:`jbkv_cli.ll
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
+from jbkv_cli.jsonio import read_json
 
 EMBEDDED = "tiny"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "tiny" / "weights"
@@ -108,9 +108,9 @@ def load_tokenizer(where: str) -> Any:
     config = path / "tokenizer_config.json"
     if path.is_dir() and config.is_file() and (path / "tokenizer.json").is_file():
         try:
-            declared = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
-            declared = None
+            declared = read_json(config, "tokenizer config").get("tokenizer_class")
+        except (JbkvError, AttributeError):
+            declared = None  # transformers says what is wrong with it
         if declared in GENERIC_TOKENIZERS:
             return PreTrainedTokenizerFast.from_pretrained(where)
     return AutoTokenizer.from_pretrained(where)

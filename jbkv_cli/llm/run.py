@@ -25,6 +25,7 @@ from typing import Any
 
 from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
 from jbkv_cli.runs import MANIFEST, RunDir, parse_spec
 
@@ -38,18 +39,15 @@ def is_llm_run(root: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        data = read_json(path)
+    except JbkvError:
         return False
     return isinstance(data, dict) and (data.get("settings") or {}).get("kind") == KIND
 
 
 def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read {path}: {reason}") from exc
+    """A run file's JSON; any problem is one ``cannot read PATH: reason`` line."""
+    return read_json(path)
 
 
 def _write(path: Path, data: Any) -> None:

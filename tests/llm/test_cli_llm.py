@@ -85,6 +85,11 @@ def test_end_to_end_resume_and_refusal(assets, tmp_path):
     assert again.returncode == 0, again.stderr
     assert f"0 (example, variant) jobs scored, {JOBS * VARIANTS} already done" in again.stderr
 
+    manifest = (run / "manifest.json").read_bytes()
+    over = [*map(str, args[:-1]), str(run / "manifest.json")]  # --json over the run's manifest
+    _one_line_error(jbkv(*over, cwd=tmp_path), 2, "inside the run directory")
+    assert (run / "manifest.json").read_bytes() == manifest
+
     records[0].unlink()  # as if killed before that record was written
     resumed = jbkv(*args, cwd=tmp_path)
     assert "1 (example, variant) jobs scored" in resumed.stderr, resumed.stderr
@@ -145,6 +150,7 @@ BAD = [
     (["--model", "no/such/dir"], "is neither 'tiny'"),
     (["--bins", "400-500", "--chunk-sizes", "64"], "positions"),
     (["--data", "synthetic"], "embedded LM"),
+    (["--seed", "4294967296"], "--seed"),
 ]
 
 

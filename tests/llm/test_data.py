@@ -67,8 +67,12 @@ def test_records_filter_english_and_refuse_bad_files(tmp_path):
     assert [d.key for d in docs] == ["00000-a_1"]
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    with pytest.raises(JbkvError, match="not valid JSON"):
+    with pytest.raises(JbkvError, match=r"cannot read --data .*bad\.json: invalid JSON"):
         open_source(str(bad), 0, 10, embedded=False)
+    lines = tmp_path / "bad.jsonl"  # jsonio's rules: the line is named, NaN is not a number
+    lines.write_text('{"text": "a"}\n{"text": "b", "score": NaN}\n')
+    with pytest.raises(JbkvError, match=r"bad\.jsonl line 2: invalid JSON .*NaN"):
+        open_source(str(lines), 0, 10, embedded=False)
     bad.write_text(json.dumps([{"id": 1}]))
     with pytest.raises(JbkvError, match="no 'text'"):
         open_source(str(bad), 0, 10, embedded=False)

@@ -41,15 +41,37 @@ def test_full_precision_cache_and_chunks_equal_one_full_forward(arch):
     assert (torch.cat(parts) - full).abs().max() <= 1e-5
 
 
-def test_stock_attention_reads_the_dequantized_cache(arch):
-    """What a jbkv layer returns is ``[dequantized cache | chunk]``: the stock SDPA attention
-    over it equals jbkv attention with no correction."""
+def test_hosted_chunks_equal_transformers_eager_attention(arch):
+    """Oracle independent of SDPA: transformers' own eager attention (matmul, its causal mask,
+    softmax) over the whole sequence == jbkv's hosted attention prefilling it in chunks
+    through a full-precision cache (fp32; 1e-5 covers the order of the float sums)."""
+    model = tiny_lm(arch)
+    ids = _ids(96, seed=5)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=ids[None]).logits[0]
+        hosting.host(model)
+        cache = JbkvCache.for_model(model, FULL_PRECISION)
+        parts = [
+            model(input_ids=ids[None, a:b], cache=cache, use_cache=True).logits[0]
+            for a, b in ((0, 50), (50, 51), (51, 96))
+        ]
+    assert (torch.cat(parts) - eager).abs().max() <= 1e-5
+    _, results = score_example(model, ids.tolist(), 50, [FULL_PRECISION])
+    by_eager = -eager[50:-1].double().log_softmax(-1).gather(-1, ids[51:, None])[:, 0]
+    assert (results[FULL_PRECISION].nll - by_eager).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_stock_attention_reads_the_dequantized_cache(arch, impl):
+    """What a jbkv layer returns is ``[dequantized cache | chunk]``: transformers' stock
+    attention (SDPA, eager) over it equals jbkv attention with no correction."""
     model = tiny_lm(arch)
     ids = _ids(70)
     hosting.host(model)
     prefix = prefill_prefix(model, ids[:40])
     jbkv = chunk_nll(model, prefix, ids, INT2, diagnostics=False)
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(impl)
     try:
         stock = chunk_nll(model, prefix, ids, INT2, diagnostics=False)
     finally:
