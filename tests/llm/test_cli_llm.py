@@ -204,3 +204,26 @@ def test_embedded_lm_runs_with_nothing_downloaded(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "tiny · teacher-forced NLL" in proc.stdout
+
+
+def test_longbench_pro_fetched_from_a_mirror_then_used_english_only(assets, tmp_path, local_server):
+    """`jbkv weights fetch longbench-pro` (the shipped manifest's entry, read from a local
+    mirror: nothing leaves 127.0.0.1) puts the file where `--data longbench-pro` reads it; only
+    its English records become examples."""
+    records = [
+        {"id": f"en-{i}", "language": "English", "context": eval_document(5, i, 300)}
+        for i in range(3)
+    ] + [{"id": "zh-0", "language": "Chinese", "context": eval_document(6, 0, 300)}]
+    (local_server.root / "longbench_pro.json").write_text(json.dumps(records))
+    fetched = jbkv("weights", "fetch", "longbench-pro", "--mirror", local_server.url, cwd=tmp_path)
+    assert fetched.returncode == 0, fetched.stderr
+    run = tmp_path / "run"
+    proc = jbkv(
+        "llm-prefill", "--model", assets["llama"], "--data", "longbench-pro",
+        "--bins", "64-128", "--chunk-sizes", "16", "--examples", "4", "--bits", "2",
+        "--quantizers", "rtn", "--corrections", "none", "--no-plots", "--out", run, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    used = {json.loads(p.read_text())["document"] for p in run.glob("variants/*/c*.json")}
+    assert len(used) == 3 and all("en-" in d for d in used), used
+    assert "fewer than 4" in proc.stderr  # 3 English records for 4 asked
