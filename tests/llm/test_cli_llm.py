@@ -227,3 +227,14 @@ def test_longbench_pro_fetched_from_a_mirror_then_used_english_only(assets, tmp_
     used = {json.loads(p.read_text())["document"] for p in run.glob("variants/*/c*.json")}
     assert len(used) == 3 and all("en-" in d for d in used), used
     assert "fewer than 4" in proc.stderr  # 3 English records for 4 asked
+
+
+def test_a_hub_id_is_not_downloaded_offline(assets, tmp_path):
+    """A hub id goes to transformers; with the hub offline (as every test runs) it is one line
+    and exit 1, and nothing is created: tests never download a model."""
+    proc = jbkv(
+        "llm-prefill", "--model", "nobody-jbkv/no-such-model", "--data", assets["data"],
+        "--out", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    _one_line_error(proc, 1, "cannot load --model nobody-jbkv/no-such-model")
+    assert not (tmp_path / "run").exists()
