@@ -236,5 +236,5 @@ def test_a_hub_id_is_not_downloaded_offline(assets, tmp_path):
         "llm-prefill", "--model", "nobody-jbkv/no-such-model", "--data", assets["data"],
         "--out", tmp_path / "run", cwd=tmp_path,
     )  # fmt: skip
-    _one_line_error(proc, 1, "cannot load --model nobody-jbkv/no-such-model")
+    _one_line_error(proc, 1, "cannot load --model 'nobody-jbkv/no-such-model'")
     assert not (tmp_path / "run").exists()
