@@ -120,7 +120,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    from jbkv_cli.commands import convert, experiment, fidelity, profile, vbench, weights
+    from jbkv_cli.commands import convert, experiment, fidelity, llm, profile, vbench, weights
 
     experiment.register(app)
     profile.register(app)
@@ -128,6 +128,7 @@ def _register_commands() -> None:
     vbench.register(app)
     weights.register(app)
     convert.register(app)
+    llm.register(app)
 
 
 _register_commands()

@@ -20,6 +20,13 @@ keep the post-RoPE Taylor term and every backend (:mod:`jbkv_cli.attention.rope`
 Cached tokens a pruner dropped (``CachedKV.valid`` False) get ``−inf`` in every backend
 (:func:`key_mask`, a ``[B, Hq, 1, Lk]`` additive mask, or inside the ``score_mod``), so the
 output equals attention over the kept tokens alone; their correction term is irrelevant.
+
+``causal=True`` (LLM partial prefill, :mod:`jbkv_cli.llm`): query ``i`` of the current chunk
+sees every cached key and the current keys ``0..i`` (a causal mask aligned at the chunk's end,
+unlike SDPA's top-left ``is_causal``). The SDPA paths then run :data:`CAUSAL_BLOCK` query rows at
+a time over the keys those rows can see (:func:`causal_sdpa`); the only mask is a boolean
+``[block, Lc + end]`` one shared by every head, so no ``[Hq, Lq, Lk]`` tensor exists. ``flex``
+masks inside its ``score_mod``; ``reference`` folds the causal ``−inf`` into its dense float mask.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
     Correction,
+    augment_keys,
+    augment_queries,
     build_augmented,
     get_correction,
     group_sq_norms,
@@ -74,10 +83,54 @@ class CachedKV:
         return cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None):
-    """``softmax(τ q kᵀ + mask) v`` with GQA by head ratio."""
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None, causal=False):
+    """``softmax(τ q kᵀ + mask) v`` with GQA by head ratio (``causal``: SDPA's ``is_causal``,
+    for ``Lq == Lk`` only)."""
     gqa = q.shape[-3] != k.shape[-3]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa, is_causal=causal
+    )
+
+
+CAUSAL_BLOCK = 1024  # query rows per causal SDPA call: a [1024, Lk] boolean mask at a time
+
+
+def visible(start: int, rows: int, lc: int, lk: int, device=None) -> torch.Tensor:
+    """``[rows, lk]`` bool, True where current query ``start + r`` may look: every one of the
+    ``lc`` cached keys and the current keys up to its own position."""
+    last = lc + start + torch.arange(rows, device=device)
+    return torch.arange(lk, device=device)[None, :] <= last[:, None]
+
+
+def causal_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lc: int,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    block: int = CAUSAL_BLOCK,
+) -> torch.Tensor:
+    """Causal attention of the current chunk ``q [.., Lq, D]`` over ``[cached (lc) | current]``
+    keys ``k``/``v [.., lc + Lq, D']``, one query block at a time (see the module docstring).
+
+    ``mask``: an additive ``[.., 1, Lk]`` mask on top (pruned tokens). ``augment``: applied to
+    each query block (the Taylor form's extra query channels, so no augmented copy of every
+    query exists); the output keeps the first ``D`` channels.
+    """
+    lq, d = q.shape[-2], q.shape[-1]
+    out = q.new_empty((*q.shape[:-1], d))
+    for start in range(0, lq, block):
+        rows = min(block, lq - start)
+        end = lc + start + rows
+        allowed = visible(start, rows, lc, end, q.device)
+        m = allowed if mask is None else mask[..., :end].masked_fill(~allowed, float("-inf"))
+        qb = q[..., start : start + rows, :]
+        qb = qb if augment is None else augment(qb)
+        o = sdpa(qb, k[..., :end, :], v[..., :end, :], scale, m)
+        out[..., start : start + rows, :] = o[..., :d]
+    return out
 
 
 def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor | None:
@@ -109,8 +162,10 @@ def masked(
     method: str,
     sign: float = -1.0,
     block: int | None = 256,
+    causal: bool = False,
 ) -> torch.Tensor:
-    """Attention with ``sign · b`` added to the cached scores via a float mask per query block."""
+    """Attention with ``sign · b`` added to the cached scores via a float mask per query block
+    (``causal``: and ``−inf`` on the current keys after each query)."""
     lc, lq = cached.num_tokens, q.shape[-2]
     block = lq if block is None else block
     dropped = key_mask(cached, q, k.shape[-2])
@@ -121,6 +176,9 @@ def masked(
         mask = F.pad(bias, (0, k.shape[-2] - lc)).to(q.dtype)
         if dropped is not None:
             mask = mask + dropped
+        if causal:
+            allowed = visible(start, qb.shape[-2], lc, k.shape[-2], q.device)
+            mask = mask.masked_fill(~allowed, float("-inf"))
         kx = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
         vx = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)
         outs.append(sdpa(qb, kx, vx, scale, mask))
@@ -134,14 +192,20 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
     return k, v
 
 
-def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
+    if causal:
+        ka, va = augment_keys(cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign)
+        groups, rotation = cached.k_step.shape[-1], cached.rotation
+        dropped = key_mask(cached, q, ka.shape[-2])
+        augment = lambda qb: augment_queries(qb, groups, rotation)  # noqa: E731
+        return causal_sdpa(q, ka, va, cached.num_tokens, scale, dropped, augment)
     qa, ka, va = build_augmented(
         q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
     )
     return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
 
-def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
     from torch.nn.attention.flex_attention import flex_attention
 
     k, v = concat_kv(cached, k_cur, v_cur)
@@ -158,7 +222,10 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     def score_mod(score, b, h, q_idx, kv_idx):
         kv = torch.clamp(kv_idx, max=lc - 1)
         bias = (qn2[b, h, q_idx] * d2[b, h // rep, kv]).sum()
-        return score + torch.where(kv_idx < lc, coef * bias + drop[b, h // rep, kv], 0.0)
+        score = score + torch.where(kv_idx < lc, coef * bias + drop[b, h // rep, kv], 0.0)
+        if causal:
+            score = torch.where(kv_idx - lc > q_idx, -torch.inf, score)
+        return score
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -166,9 +233,9 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     return out
 
 
-def _reference(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _reference(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
     k, v = concat_kv(cached, k_cur, v_cur)
-    return masked(q, k, v, cached, scale, "taylor", sign, block=None)
+    return masked(q, k, v, cached, scale, "taylor", sign, block=None, causal=causal)
 
 
 BACKENDS: dict[str, Callable[..., torch.Tensor]] = {
@@ -191,7 +258,7 @@ def attention_backend(name: str) -> Iterator[None]:
         _BACKEND.reset(token)
 
 
-def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None) -> None:
+def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None, causal: bool = False) -> None:
     for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.ndim < 3:
             raise ValueError(f"{name} must be a floating tensor [..., H, L, D]")
@@ -204,6 +271,11 @@ def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None) -> None:
     if q.shape[-3] % k_cur.shape[-3]:
         raise ValueError(
             f"query heads ({q.shape[-3]}) must be a multiple of KV heads ({k_cur.shape[-3]})"
+        )
+    if causal and q.shape[-2] != k_cur.shape[-2]:
+        raise ValueError(
+            f"causal attention needs one query per current key, got {q.shape[-2]} queries "
+            f"and {k_cur.shape[-2]} current keys"
         )
     if cached is not None:
         want = (*k_cur.shape[:-2], cached.k.shape[-2], k_cur.shape[-1])
@@ -227,27 +299,34 @@ def attend(
     scale: float,
     correction: str | Correction = "taylor",
     backend: str | None = None,
+    causal: bool = False,
 ) -> torch.Tensor:
     """``softmax(τ q [k̂_cached | k_cur]ᵀ − b) [v̂_cached | v_cur]`` -> ``[B, Hq, Lq, D]``.
 
     ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``none``, or ``bias-only``,
     which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys are
-    concatenated cached-first.
+    concatenated cached-first. ``causal``: query ``i`` sees the current keys ``0..i`` only
+    (needs ``Lq`` equal to the current keys; see the module docstring). All steps zero (Δ = 0,
+    nothing quantized) is exactly the uncorrected path: the bias is zero.
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
         cached = CachedKV.from_quantized(*cached)
-    _check_shapes(q, k_cur, v_cur, cached)
+    _check_shapes(q, k_cur, v_cur, cached, causal)
     if cached is None or cached.num_tokens == 0:
-        return sdpa(q, k_cur, v_cur, scale)
-    if cached.k_step is None or not corr.active:
-        mask = key_mask(cached, q, cached.num_tokens + k_cur.shape[-2])
+        return sdpa(q, k_cur, v_cur, scale, causal=causal)
+    if cached.k_step is None or not corr.active or not bool(cached.k_step.any()):
+        lk = cached.num_tokens + k_cur.shape[-2]
+        mask = key_mask(cached, q, lk)
+        if causal:
+            return causal_sdpa(q, *concat_kv(cached, k_cur, v_cur), cached.num_tokens, scale, mask)
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
     if corr.form == "exact" or needs_pair_terms(
         cached.k_step, q.shape[-1], cached.key_rotation, corr.form
     ):
-        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, corr.form, corr.sign)
+        kv = concat_kv(cached, k_cur, v_cur)
+        return masked(q, *kv, cached, scale, corr.form, corr.sign, causal=causal)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign)
+    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign, causal)

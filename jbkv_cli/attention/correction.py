@@ -102,8 +102,10 @@ def query_basis(q: torch.Tensor, rotation: RandomHadamard | None = None) -> torc
 
 
 def group_sq_norms(q: torch.Tensor, groups: int, rotation: RandomHadamard | None = None):
-    """``‖q_j‖²`` per group: ``[..., Lq, D] -> [..., Lq, G]`` (float32, rotated if asked)."""
-    return query_basis(q, rotation).unflatten(-1, (groups, -1)).square().sum(-1)
+    """``‖q_j‖²`` per group: ``[..., Lq, D] -> [..., Lq, G]`` (float32, rotated if asked; a
+    reduction, so no squared copy of ``q`` is made)."""
+    grouped = query_basis(q, rotation).unflatten(-1, (groups, -1))
+    return torch.linalg.vector_norm(grouped, dim=-1).square()
 
 
 def taylor_bias(
@@ -279,8 +281,30 @@ def build_augmented(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`augment_taylor` from the cached and current parts, one allocation per tensor
     (the ``[cached | current]`` concatenation and the extra channels are written together)."""
-    groups, lc, d = step.shape[-1], step.shape[-2], q.shape[-1]
-    q_aug = torch.cat([q, group_sq_norms(q, groups, rotation).to(q.dtype)], dim=-1)
+    k_aug, v_aug = augment_keys(k_cached, v_cached, k_cur, v_cur, step, scale, sign)
+    return augment_queries(q, step.shape[-1], rotation), k_aug, v_aug
+
+
+def augment_queries(
+    q: torch.Tensor, groups: int, rotation: RandomHadamard | None = None
+) -> torch.Tensor:
+    """``q' = [q, ‖q_1‖², …, ‖q_G‖²]`` (the query side of :func:`augment_taylor`); a caller
+    that attends in query blocks augments one block at a time."""
+    return torch.cat([q, group_sq_norms(q, groups, rotation).to(q.dtype)], dim=-1)
+
+
+def augment_keys(
+    k_cached: torch.Tensor,
+    v_cached: torch.Tensor,
+    k_cur: torch.Tensor,
+    v_cur: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    sign: float = -1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k'``, ``v'`` of :func:`augment_taylor`: ``[cached | current]`` with ``G`` extra
+    channels, each written once."""
+    groups, lc, d = step.shape[-1], step.shape[-2], k_cur.shape[-1]
     shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
     k_aug = k_cur.new_empty(shape)
     k_aug[..., :lc, :d] = k_cached
@@ -291,4 +315,4 @@ def build_augmented(
     v_aug[..., :lc, :d] = v_cached
     v_aug[..., lc:, :d] = v_cur
     v_aug[..., d:] = 0
-    return q_aug, k_aug, v_aug
+    return k_aug, v_aug

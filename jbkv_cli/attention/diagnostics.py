@@ -13,7 +13,9 @@
 every layer's :class:`~jbkv_cli.kvcache.ChunkKVCache`), and each cache feeds it every ``every``-th
 attention call with the full-precision copy of what it read. Tokens a pruner dropped
 (``cached.valid``) are masked in the variant's attention, so ``ΔP_S`` includes the mass
-pruning moved off the cache, and are left out of the noise statistics.
+pruning moved off the cache, and are left out of the noise statistics. ``causal=True`` (LLM
+prefill) masks, for each recorded query, the current keys after its own position, as
+``attend(..., causal=True)`` does.
 """
 
 from __future__ import annotations
@@ -61,12 +63,15 @@ def attention_rows(
     k: torch.Tensor,
     scale: float,
     cached_bias: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax rows ``[B, Hq, Lq, Lk]``, with ``cached_bias [B, Hq, Lq, Lc]`` added to the
-    first ``Lc`` scores when given."""
+    first ``Lc`` scores when given, and ``−inf`` where ``allowed [Lq, Lk]`` is False."""
     s = _scores(q, k, scale)
     if cached_bias is not None:
         s[..., : cached_bias.shape[-1]] += cached_bias
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
     return s.softmax(-1)
 
 
@@ -139,8 +144,12 @@ def compare_attention(
     scale: float,
     correction: str | Correction,
     block: int = 128,
+    query_index: torch.Tensor | None = None,
 ) -> AttentionStats:
-    """Attention of ``q`` as the variant does it vs with the full-precision cache, per query."""
+    """Attention of ``q`` as the variant does it vs with the full-precision cache, per query.
+
+    ``query_index [Lq]``: each query's position in the current chunk, for causal attention (it
+    sees the current keys up to that position); None: every query sees every current key."""
     corr = get_correction(correction)
     if cached.k_ref is None:
         raise ValueError("compare_attention needs the full-precision copy (cached.k_ref)")
@@ -160,8 +169,12 @@ def compare_attention(
         dropped = key_mask(cached, qb.float(), lc)
         if dropped is not None:
             bias = dropped if bias is None else bias + dropped
-        p_hat = attention_rows(qb, k_hat, scale, bias)
-        p_ref = attention_rows(qb, k_ref, scale)
+        allowed = None
+        if query_index is not None:
+            last = lc + query_index[start : start + block].to(q.device)
+            allowed = torch.arange(k_hat.shape[-2], device=q.device)[None, :] <= last[:, None]
+        p_hat = attention_rows(qb, k_hat, scale, bias, allowed)
+        p_ref = attention_rows(qb, k_ref, scale, allowed=allowed)
         o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
         parts[0].append(p_hat[..., :lc].sum(-1).flatten())
         parts[1].append(p_ref[..., :lc].sum(-1).flatten())
@@ -178,6 +191,7 @@ class AttentionRecorder:
     max_queries: int = 32
     noise_model: bool = True
     every: int = 2  # observe every n-th attention call of each layer (per cache)
+    causal: bool = False  # queries see the current keys up to their own position (LLM prefill)
     stats: list[AttentionStats] = field(default_factory=list)
     noise: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
@@ -190,7 +204,10 @@ class AttentionRecorder:
     def _observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction) -> None:
         stride = max(1, -(-q.shape[-2] // self.max_queries))
         qs = q[..., ::stride, :]
-        self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, corr))
+        index = torch.arange(0, q.shape[-2], stride) if self.causal else None
+        self.stats.append(
+            compare_attention(qs, k_cur, v_cur, cached, scale, corr, query_index=index)
+        )
         if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
                 score_noise(

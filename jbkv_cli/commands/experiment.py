@@ -594,6 +594,12 @@ def report(
     ] = True,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
+    from jbkv_cli.llm.run import is_llm_run
+
+    if is_llm_run(run_dir):  # a `jbkv llm-prefill` run: its own table and gate
+        from jbkv_cli.commands.llm import report_llm
+
+        return report_llm(run_dir, fmt, plots, baseline, tolerance, score)
     if fmt not in ("table", "md", "json", "csv", "html"):
         raise UsageError(f"--format must be table, md, json, csv or html, got {shown(fmt)}")
     tol = parse_tolerances(tolerance)

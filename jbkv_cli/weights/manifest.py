@@ -34,7 +34,7 @@ from jbkv_cli.metrics.vbench_weights import cache_roots
 MANIFEST_ENV = "JBKV_WEIGHTS_MANIFEST"
 MIRROR_ENV = "JBKV_WEIGHTS_MIRROR"
 SHIPPED_MANIFEST = Path(__file__).with_name("manifest.json")
-GROUPS = ("lpips", "vbench")
+GROUPS = ("lpips", "vbench", "llm")
 _HEX = re.compile(r"[0-9a-f]+")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

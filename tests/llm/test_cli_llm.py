@@ -1,0 +1,240 @@
+"""``jbkv llm-prefill`` and ``jbkv report`` of its runs, through the installed ``jbkv`` (and
+``torchrun``) in subprocesses: exit codes, one-line errors, resume, refusal, the gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jbkv_cli.llm.models import EMBEDDED_DIR
+from jbkv_cli.llm.tiny.corpus import eval_document
+from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
+from tests.llm.conftest import tiny_lm
+
+BIN = Path(sys.executable).parent
+JBKV = str(BIN / "jbkv")
+TORCHRUN = str(BIN / "torchrun")
+SMALL = ["--bins", "64-128,128-192", "--chunk-sizes", "16,48", "--examples", "2"]
+SMALL += ["--bits", "2", "--quantizers", "rtn", "--corrections", "none,taylor"]
+VARIANTS = 3  # reference, INT2, INT2 + taylor
+JOBS = 2 * 2 * 2  # bins x chunk sizes x examples
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return env | {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "HF_HUB_OFFLINE": "1"}
+
+
+def jbkv(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [JBKV, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_env(home or cwd),
+        timeout=600,
+    )
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
+    assert proc.returncode == code, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert text in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random Llama / Mistral / Qwen2 folders (the embedded tokenizer) and a JSONL file."""
+    root = tmp_path_factory.mktemp("llm")
+    out = {}
+    for arch in ("llama", "mistral", "qwen2"):
+        folder = root / arch
+        tiny_lm(arch).save_pretrained(folder)
+        build_tokenizer().save_pretrained(folder)
+        out[arch] = folder
+    data = root / "docs.jsonl"
+    with data.open("w") as f:
+        for i in range(5):
+            f.write(json.dumps({"id": f"doc {i}", "text": eval_document(3, i, 300)}) + "\n")
+    out["data"] = data
+    return out
+
+
+def test_end_to_end_resume_and_refusal(assets, tmp_path):
+    run = tmp_path / "run"
+    args = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
+    args += ["--out", run, "--json", tmp_path / "result.json"]
+    first = jbkv(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert f"{JOBS * VARIANTS} (example, variant) jobs scored, 0 already done" in first.stderr
+    records = sorted(run.glob("variants/*/c*.json"))
+    assert len(records) == JOBS * VARIANTS
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["kind"] == "llm-prefill" and result["reference_dtype"] == "float32"
+    assert (run / "report" / "nll.png").is_file() and (run / "report" / "table.md").is_file()
+    assert "ΔNLL vs ref" in first.stdout and "reference (float32)" in first.stdout
+
+    again = jbkv(*args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"0 (example, variant) jobs scored, {JOBS * VARIANTS} already done" in again.stderr
+
+    manifest = (run / "manifest.json").read_bytes()
+    over = [*map(str, args[:-1]), str(run / "manifest.json")]  # --json over the run's manifest
+    _one_line_error(jbkv(*over, cwd=tmp_path), 2, "inside the run directory")
+    assert (run / "manifest.json").read_bytes() == manifest
+
+    records[0].unlink()  # as if killed before that record was written
+    resumed = jbkv(*args, cwd=tmp_path)
+    assert "1 (example, variant) jobs scored" in resumed.stderr, resumed.stderr
+    assert json.loads((tmp_path / "result.json").read_text())["rows"] == result["rows"]
+
+    before = sorted(p.name for p in run.rglob("*"))
+    other = jbkv(*[a if a != "2" else "3" for a in map(str, args)], cwd=tmp_path)
+    _one_line_error(other, 2, "was made with different settings")
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_runs_on_mistral_and_qwen2(assets, tmp_path, arch):
+    proc = jbkv(
+        "llm-prefill", "--model", assets[arch], "--data", assets["data"], *SMALL,
+        "--out", tmp_path / "run", "--no-plots", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((tmp_path / "run").glob("variants/*/c*.json"))) == JOBS * VARIANTS
+
+
+def test_report_and_gate(assets, tmp_path):
+    run = tmp_path / "run"
+    made = jbkv(
+        "llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL,
+        "--out", run, "--no-plots", cwd=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    shown = jbkv("report", run, "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["kind"] == "llm-prefill" and len(data["jobs"]) == JOBS
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(shown.stdout)
+    passed = jbkv("report", run, "--baseline", baseline, cwd=tmp_path)
+    assert passed.returncode == 0 and "gate passed" in passed.stderr, passed.stderr
+
+    better = json.loads(shown.stdout)
+    for row in better["rows"]:
+        if row["variant"] != "reference":
+            row["nll"]["mean"] -= 1.0  # a baseline the run is now much worse than
+    baseline.write_text(json.dumps(better))
+    failed = jbkv("report", run, "--baseline", baseline, cwd=tmp_path)
+    assert failed.returncode == 1 and "gate failed" in failed.stderr
+    assert "NLL" in failed.stderr and "Traceback" not in failed.stderr
+    bad_tol = jbkv("report", run, "--baseline", baseline, "--tolerance", "psnr=1", cwd=tmp_path)
+    _one_line_error(bad_tol, 2, "--tolerance")
+
+
+BAD = [
+    (["--bins", "9-3"], "bad --bins"),
+    (["--bins", "64-128,100-200"], "overlap"),
+    (["--chunk-sizes", "0"], "bad --chunk-sizes"),
+    (["--bits", "5"], "bad --bits"),
+    (["--quantizers", "nope"], "bad --quantizers"),
+    (["--backend", "dense"], "--backend"),
+    (["--data", "missing.jsonl"], "is neither longbench-pro"),
+    (["--model", "no/such/dir"], "is neither 'tiny'"),
+    (["--bins", "400-500", "--chunk-sizes", "64"], "positions"),
+    (["--data", "synthetic"], "embedded LM"),
+    (["--seed", "4294967296"], "--seed"),
+]
+
+
+@pytest.mark.parametrize(("extra", "message"), BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_line_and_creates_nothing(assets, tmp_path, extra, message):
+    args = {"--model": str(assets["llama"]), "--data": str(assets["data"])}
+    for key, value in zip(extra[::2], extra[1::2], strict=True):
+        args[key] = value
+    flat = [x for kv in args.items() for x in kv]
+    proc = jbkv("llm-prefill", *flat, "--out", tmp_path / "run", cwd=tmp_path)
+    _one_line_error(proc, 2, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_longbench_pro_not_fetched_says_how(assets, tmp_path):
+    proc = jbkv(
+        "llm-prefill", "--model", assets["llama"], "--data", "longbench-pro",
+        "--out", tmp_path / "run", cwd=tmp_path, home=tmp_path,
+    )  # fmt: skip
+    _one_line_error(proc, 1, "jbkv weights fetch longbench-pro")
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_ranks_give_the_records_of_one_process(assets, tmp_path):
+    base = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
+    base += ["--no-plots", "--device", "cpu"]
+    one = jbkv(*base, "--out", tmp_path / "one", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, base),
+         "--out", str(tmp_path / "two")],
+        capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path) | {"JBKV_DIST_TIMEOUT": "120"},
+        timeout=600,
+    )  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    assert "per rank: 12, 12" in two.stderr
+    ranks = set()
+    for path in sorted((tmp_path / "one").glob("variants/*/c*.json")):
+        a = json.loads(path.read_text())
+        b = json.loads((tmp_path / "two" / path.relative_to(tmp_path / "one")).read_text())
+        ranks.add(b["rank"])
+        assert a["nll"] == b["nll"] and a["kv_cache_bytes"] == b["kv_cache_bytes"]
+    assert ranks == {0, 1}
+
+
+@pytest.mark.skipif(not (EMBEDDED_DIR / "config.json").is_file(), reason="embedded LM not built")
+def test_embedded_lm_runs_with_nothing_downloaded(tmp_path):
+    proc = jbkv(
+        "llm-prefill", "--examples", "1", "--bins", "128-256", "--chunk-sizes", "32",
+        "--bits", "2", "--quantizers", "rtn", "--out", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "tiny · teacher-forced NLL" in proc.stdout
+
+
+def test_longbench_pro_fetched_from_a_mirror_then_used_english_only(assets, tmp_path, local_server):
+    """`jbkv weights fetch longbench-pro` (the shipped manifest's entry, read from a local
+    mirror: nothing leaves 127.0.0.1) puts the file where `--data longbench-pro` reads it; only
+    its English records become examples."""
+    records = [
+        {"id": f"en-{i}", "language": "English", "context": eval_document(5, i, 300)}
+        for i in range(3)
+    ] + [{"id": "zh-0", "language": "Chinese", "context": eval_document(6, 0, 300)}]
+    (local_server.root / "longbench_pro.json").write_text(json.dumps(records))
+    fetched = jbkv("weights", "fetch", "longbench-pro", "--mirror", local_server.url, cwd=tmp_path)
+    assert fetched.returncode == 0, fetched.stderr
+    run = tmp_path / "run"
+    proc = jbkv(
+        "llm-prefill", "--model", assets["llama"], "--data", "longbench-pro",
+        "--bins", "64-128", "--chunk-sizes", "16", "--examples", "4", "--bits", "2",
+        "--quantizers", "rtn", "--corrections", "none", "--no-plots", "--out", run, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    used = {json.loads(p.read_text())["document"] for p in run.glob("variants/*/c*.json")}
+    assert len(used) == 3 and all("en-" in d for d in used), used
+    assert "fewer than 4" in proc.stderr  # 3 English records for 4 asked
+
+
+def test_a_hub_id_is_not_downloaded_offline(assets, tmp_path):
+    """A hub id goes to transformers; with the hub offline (as every test runs) it is one line
+    and exit 1, and nothing is created: tests never download a model."""
+    proc = jbkv(
+        "llm-prefill", "--model", "nobody-jbkv/no-such-model", "--data", assets["data"],
+        "--out", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    _one_line_error(proc, 1, "cannot load --model 'nobody-jbkv/no-such-model'")
+    assert not (tmp_path / "run").exists()
