@@ -109,6 +109,12 @@ GENERATORS = {
     "causal-forcing-pp-1step": Generator(
         CAUSAL_FORCING_REPO, "causal-forcing++/framewise-1step.pt"
     ),
+    # tianweiy/CausVid: minimal_inference/autoregressive_inference.py reads
+    # CHECKPOINT_FOLDER/model.pt["generator"] (strict, upstream names under "model.")
+    "causvid": Generator("tianweiy/CausVid", "autoregressive_checkpoint/model.pt"),
+    "causvid-warp-4step": Generator(
+        "tianweiy/CausVid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt"
+    ),
 }
 
 

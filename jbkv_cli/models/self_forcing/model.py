@@ -130,6 +130,8 @@ class SelfForcingSettings:
     ema: bool
     lora_alpha: float | None
     steps: int
+    step_list: tuple[int, ...] | None
+    warp: bool
     first_chunk_steps: int | None
     shift: float
     chunk_frames: int
@@ -154,6 +156,8 @@ _SELF_FORCING = dict(
     ema=True,  # upstream README: inference.py --use_ema
     lora_alpha=None,
     steps=4,
+    step_list=None,  # explicit denoising_step_list (CausVid's 1000,757,522); else from steps
+    warp=True,  # warp_denoising_step
     first_chunk_steps=None,
     shift=5.0,
     chunk_frames=3,
@@ -181,11 +185,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "causal-forcing-framewise": _CAUSAL_FRAMEWISE,
     "causal-forcing-pp-2step": _CAUSAL_FRAMEWISE | dict(steps=2, first_chunk_steps=4),
     "causal-forcing-pp-1step": _CAUSAL_FRAMEWISE | dict(steps=1, first_chunk_steps=4),
+    # CausVid: full cache (the 32760-token buffer holds all 21 frames), shift 8, "generator"
+    "causvid": _SELF_FORCING
+    | dict(ema=False, window=None, shift=8.0, steps=3, step_list="1000,757,522", warp=False),
+    "causvid-warp-4step": _SELF_FORCING | dict(ema=False, window=None, shift=8.0),
     "tiny-random": _SELF_FORCING | dict(num_chunks=3, height=32, width=32),
 }
 # latent frames each generator was trained on (``num_training_frames: 21``), where a preset
 # refuses more (Causal-Forcing's README: not natively longer than 81 frames)
-HORIZONS = {name: 21 for name in PRESETS if name.startswith("causal-forcing")}
+HORIZONS = {name: 21 for name in PRESETS if name.startswith(("causal-forcing", "causvid"))}
 _FRAMES = Spec("int", lo=0, hi=4 * 1024)
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
@@ -197,6 +205,8 @@ OPTIONS: dict[str, Spec] = {
     "sink_size": _FRAMES,
     "ema": Spec("bool"),
     "first_chunk_steps": WAN_OPTIONS["steps"],
+    "step_list": Spec("str", pattern=r"\d{1,4}(,\d{1,4})*", what="timesteps like 1000,757,522"),
+    "warp": Spec("bool"),
     "beyond_horizon": Spec("bool"),
     "lora_alpha": Spec("float", lo=0, lo_open=True, hi=1e6),
     "window": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
@@ -213,10 +223,11 @@ class SelfForcing(WanHeads):
     def __init__(self, components: Components, settings: SelfForcingSettings) -> None:
         self.components = components
         self.config = settings
-        self.schedule = FewStepSchedule.build(settings.steps, settings.shift)
-        first = settings.first_chunk_steps
+        s = settings
+        self.schedule = FewStepSchedule.build(s.steps, s.shift, s.step_list, s.warp)
+        first = s.first_chunk_steps
         self.first_schedule = (
-            self.schedule if first is None else FewStepSchedule.build(first, settings.shift)
+            self.schedule if first is None else FewStepSchedule.build(first, s.shift, warp=s.warp)
         )
         self._texts: dict[str, torch.Tensor] = {}
         self.settings: dict[str, Any] = asdict(settings) | {
@@ -458,6 +469,12 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
             raise UsageError(
                 f"window must be >= 0 chunks (or None: keep all), got {values['window']}"
             )
+    if "steps" in options and "step_list" not in options:
+        values["step_list"] = None  # -o steps=N replaces a preset's list
+    if values["step_list"] is not None:
+        values["step_list"] = parse_step_list(str(values["step_list"]))
+        values["steps"] = len(values["step_list"])
+    values["warp"] = bool(values["warp"])
     if values["first_chunk_steps"] is not None:
         values["first_chunk_steps"] = int(values["first_chunk_steps"])
     check_frame_size(values)
@@ -484,6 +501,17 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
         horizon=HORIZONS.get(config),
         beyond_horizon=beyond,
     )
+
+
+def parse_step_list(text: str) -> tuple[int, ...]:
+    """``"1000,757,522"`` → (1000, 757, 522): descending timesteps in 1..1000."""
+    steps = tuple(int(x) for x in text.split(","))
+    if any(not 1 <= t <= 1000 for t in steps) or list(steps) != sorted(set(steps), reverse=True):
+        raise UsageError(
+            f"step_list={shown(text)} must be distinct descending timesteps in 1..1000 "
+            "(upstream's denoising_step_list without its final 0)"
+        )
+    return steps
 
 
 def check_horizon(config: str, chunk_frames: int, num_chunks: int, beyond: bool) -> None:

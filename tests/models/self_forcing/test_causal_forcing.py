@@ -32,12 +32,10 @@ from jbkv_cli.models.self_forcing import model as sf
 from jbkv_cli.models.self_forcing.checkpoint import diffusers_name, strip_wrappers
 from jbkv_cli.models.self_forcing.image import image_pixels
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule
-from jbkv_cli.seeding import noise_generator
 from jbkv_cli.video import read_video
 
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 ATOL = 1e-5  # fp32: cached loop vs cache-free re-runs under a mask
-TOKENS = 4  # tokens per latent frame at 32x32 pixels (4x4 latents, 2x2 patches)
 FSDP = "model._fsdp_wrapped_module."
 FRAMEWISE = dict(config="tiny-random", chunk_frames=1, num_chunks=5, window=20, device="cpu")
 TINY_CLI = ["-m", "self-forcing", "-o", "config=tiny-random", "--device", "cpu"]
@@ -109,77 +107,20 @@ def test_causal_forcing_step_lists_are_warped_as_self_forcings():
 # --------------------------------------------------------------------------- the loop
 
 
-def _mask(num_chunks: int, k: int, window: int) -> torch.Tensor:
-    """``[L, L]`` bool: chunk q sees itself and the ``window`` chunks before it."""
-    chunk = torch.arange(num_chunks).repeat_interleave(k * TOKENS)
-    q, key = chunk[:, None], chunk[None, :]
-    return (key == q) | ((key < q) & (key >= q - window))
-
-
-def _masked_forward(transformer, video, text, per_chunk, k, mask):
-    """diffusers' stock processors on the whole ``video`` under ``mask``, per-token timesteps
-    (no jbkv code)."""
-    stock = [b.attn1.get_processor() for b in transformer.blocks]
-
-    class Masked:
-        def __init__(self, processor):
-            self.processor = processor
-
-        def __call__(self, attn, hidden, enc=None, attention_mask=None, rotary=None):
-            return self.processor(attn, hidden, enc, mask[None, None], rotary)
-
-    timestep = torch.tensor(per_chunk).repeat_interleave(k * TOKENS)[None]
-    try:
-        for block, processor in zip(transformer.blocks, stock, strict=True):
-            block.attn1.set_processor(Masked(processor))
-        return transformer(video, timestep, text, return_dict=False)[0]
-    finally:
-        for block, processor in zip(transformer.blocks, stock, strict=True):
-            block.attn1.set_processor(processor)
-
-
-def _cache_free(model, prompt: str, seed: int, image: torch.Tensor | None) -> torch.Tensor:
-    """Upstream's ``CausalInferencePipeline.inference`` stated without a cache: every step
-    re-runs the whole video so far (finished frames, the image first, at t = 0; the current
-    chunk at t) under the block-causal mask; the first generated chunk takes
-    ``denoising_step_list_first_chunk``; x₀ = x − σv, then (1 − σ′)x₀ + σ′ε."""
-    s, transformer = model.config, model.components.transformer
-    k = s.chunk_frames
-    rest = FewStepSchedule.build(s.steps, s.shift)
-    first = FewStepSchedule.build(s.first_chunk_steps or s.steps, s.shift)
-    text = model.encode_prompt(prompt)
-    generator = noise_generator(seed, prompt)
-    done = [] if image is None else [image]
-    start = len(done)
-    for c in range(start, s.num_chunks):
-        schedule = first if c == start else rest
-        x = torch.randn(1, 16, k, 4, 4, generator=generator)
-        for i, (t, sigma) in enumerate(zip(schedule.timesteps, schedule.sigmas, strict=True)):
-            video = torch.cat([*done, x], dim=2)
-            mask = _mask(c + 1, k, s.window)
-            flow = _masked_forward(transformer, video, text, [0.0] * c + [t], k, mask)[:, :, -k:]
-            x0 = (x.double() - sigma * flow.double()).float()
-            if i + 1 < len(schedule):
-                noise = torch.randn(1, 16, k, 4, 4, generator=generator)
-                x = (1 - schedule.sigmas[i + 1]) * x0 + schedule.sigmas[i + 1] * noise
-        done.append(x0)
-    return torch.cat(done, dim=2)
-
-
 @pytest.mark.parametrize(
     ("steps", "first", "window", "with_image"),
     [(1, 4, 20, False), (2, 4, 2, False), (4, None, 20, True), (1, 4, 2, True)],
     ids=["pp-1step", "pp-2step-window2", "framewise-i2v", "pp-1step-i2v-window2"],
 )
 def test_causal_forcing_framewise_loop_equals_a_cache_free_sampler(
-    steps, first, window, with_image, image_path
+    steps, first, window, with_image, image_path, cache_free
 ):
     """Chunks of one latent frame (4 current tokens against up to 20 cached frames)."""
     model = sf.load_model(**FRAMEWISE | dict(steps=steps, first_chunk_steps=first, window=window))
     image = model.encode_image(str(image_path), "a cat") if with_image else None
     with torch.no_grad():
         ours, _ = model.generate_latents("a cat", 3, FULL_PRECISION, image=image, name="a cat")
-        reference = _cache_free(model, "a cat", 3, image)
+        reference = cache_free(model, "a cat", 3, image)
     print(f"max |cached - cache-free| = {(ours - reference).abs().max():.2e}")
     assert ours.shape == (1, 16, 5, 4, 4)
     torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
