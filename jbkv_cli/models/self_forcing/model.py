@@ -42,7 +42,13 @@ cache keeps attention sinks in full precision) plus the last ``window`` chunks:
   the image, resized to ``height × width`` (torchvision ``Resize`` on a PIL image: bilinear) and
   scaled to [−1, 1], is VAE-encoded (the posterior mean, normalised) as latent frame 0; one
   forward at t = 0 commits it, as the finished chunks' clean-context pass, and frames 1 … F − 1
-  are generated (upstream draws noise for ``num_output_frames − 1`` frames).
+  are generated (upstream draws noise for ``num_output_frames − 1`` frames);
+* CausVid (tianweiy/CausVid @ca21150: ``configs/wan_causal_dmd{,_warp_4step_cfg2}.yaml``,
+  ``causvid/models/wan/causal_inference.py``, ``minimal_inference/autoregressive_inference.py``):
+  the same loop with a full cache (a 32760-token buffer written at absolute positions: all 21
+  frames, no window, no sink), shift 8, [1000, 757, 522] unwarped (``step_list``, ``warp``;
+  :mod:`~jbkv_cli.models.self_forcing.schedule`) or [1000, 750, 500, 250] warped, and
+  ``model.pt["generator"]``; trained on 21 latent frames, as Causal-Forcing.
 
 Noise: one CPU generator seeded from (seed, case name) draws, chunk after chunk (generated chunks
 only), the chunk's initial noise then its re-noising ε; the same for every variant, and a longer
