@@ -10,7 +10,8 @@ a prompt, before the loop (≈ 11.4 GB in bf16 on top of the weights at that mom
 Per cache variant: peak allocated GPU memory of the loop, seconds per chunk after a warm-up
 video, KV bytes held at the peak; once: peak memory and seconds of the VAE decode. Writes JSON.
 
-    python benchmarks/self_forcing_memory_gpu.py [--preset self-forcing-dmd|longlive]
+    python benchmarks/self_forcing_memory_gpu.py [--preset self-forcing-dmd|longlive|
+        causal-forcing-chunkwise|causal-forcing-framewise|causal-forcing-pp-{2,1}step]
         [--chunks N] [--out benchmarks/results/self_forcing_memory_gpu.json]
     python benchmarks/self_forcing_memory_gpu.py --tiny    # smoke run, tiny random config, CPU ok
 """
@@ -71,9 +72,10 @@ def _components(tiny: bool, device: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--preset", default="self-forcing-dmd", choices=["self-forcing-dmd", "longlive"]
-    )
+    from jbkv_cli.models.self_forcing.model import PRESETS
+
+    presets = [name for name in PRESETS if name != "tiny-random"]
+    ap.add_argument("--preset", default="self-forcing-dmd", choices=presets)
     ap.add_argument("--chunks", type=int, default=None, help="chunks per video (preset's)")
     ap.add_argument("--tiny", action="store_true", help="tiny random config (CPU smoke run)")
     ap.add_argument("--out", default="benchmarks/results/self_forcing_memory_gpu.json")

@@ -18,6 +18,7 @@ from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
     CasesOpt,
     DeviceOpt,
+    ImageOpt,
     MethodOptionOpt,
     ModelOptionOpt,
     NumChunksOpt,
@@ -34,6 +35,7 @@ from jbkv_cli.commands.options import (
     parse_seeds,
     read_case_items,
     read_prompt_items,
+    with_image,
 )
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
@@ -121,6 +123,7 @@ def _case_items(
     cases: Path | None,
     seeds: list[int] | None,
     options: dict[str, Any],
+    image: Path | None = None,
 ) -> list[tuple[Case, list[int]]]:
     """(case, seeds) pairs from ``--cases`` or the prompts, every case's name checked for file
     names and every case checked by the model with its ``options`` (an image or a trajectory
@@ -131,6 +134,7 @@ def _case_items(
         items = read_case_items(cases, prompts, prompt, seeds)
         for case, _ in items:
             check_prompt(case.name)
+    items = with_image(items, image, cases)
     with _model_errors(name):
         check_cases(name, [c for c, _ in items], **options)
     return items
@@ -284,6 +288,7 @@ def generate(
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
     cases: CasesOpt = None,
+    image: ImageOpt = None,
     seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
@@ -335,7 +340,7 @@ def generate(
         corr = correction if correct else "none"
         spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
-    items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts)
+    items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts, image)
     distributed.setup(device)
     m = _load(model, opts)
     spec = resolve_spec(m, spec)
@@ -393,6 +398,7 @@ def quantize_eval(
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
     cases: CasesOpt = None,
+    image: ImageOpt = None,
     seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
@@ -448,7 +454,7 @@ def quantize_eval(
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}
     work = {
-        name: _case_items(name, prompts, prompt, cases, seed_list, model_opts[name])
+        name: _case_items(name, prompts, prompt, cases, seed_list, model_opts[name], image)
         for name in names
     }
     for name in names:  # every model's options and weights, before the first one runs

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.attention.correction import CORRECTIONS
-from jbkv_cli.cases import Case, read_case_file
+from jbkv_cli.cases import Case, read_case_file, resolve_input
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.resources import PROMPTS_DIR
@@ -29,6 +29,14 @@ CasesOpt = Annotated[
         "--cases",
         help="A case file (CSV: prompt or caption, and image, pose, id columns) for models that "
         "read an image or a camera trajectory; replaces --prompts/--prompt.",
+    ),
+]
+ImageOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--image",
+        help="A conditioning image for every prompt (image-to-video, e.g. self-forcing's "
+        "frame-wise Causal-Forcing configs); one image per prompt: --cases.",
     ),
 ]
 SeedsOpt = Annotated[
@@ -149,6 +157,19 @@ def read_case_items(
     if prompts is not None or extra:
         raise UsageError("--cases lists the prompts; leave out --prompts and --prompt")
     return [(case, seeds or [0]) for case in read_case_file(path)]
+
+
+def with_image(
+    items: list[tuple[Case, list[int]]], image: Path | None, cases: Path | None
+) -> list[tuple[Case, list[int]]]:
+    """``items`` with ``--image`` as every case's image (checked to be a file; the model checks
+    that it can read it). ``--cases`` names its images per row, so the two do not combine."""
+    if image is None:
+        return items
+    if cases is not None:
+        raise UsageError("--cases names each case's image; leave out --image")
+    path = resolve_input(str(image), Path.cwd(), "image", "--image")
+    return [(Case(c.prompt, path, c.trajectory, c.id), s) for c, s in items]
 
 
 def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:

@@ -6,15 +6,19 @@ Two downloads make a model (nothing is ever downloaded by jbkv):
   VAE, the UMT5 encoder, its tokenizer and the transformer's ``config.json``. The base
   transformer's weights are not read: the generator replaces all of them;
 * a **generator checkpoint** with upstream parameter names: Self-Forcing's
-  ``checkpoints/self_forcing_dmd.pt`` (``gdhe17/Self-Forcing``), or LongLive's
-  ``models/longlive_base.pt`` + ``models/lora.pt`` (``Efficient-Large-Model/LongLive-1.3B``).
+  ``checkpoints/self_forcing_dmd.pt`` (``gdhe17/Self-Forcing``), LongLive's
+  ``models/longlive_base.pt`` + ``models/lora.pt`` (``Efficient-Large-Model/LongLive-1.3B``),
+  or Causal-Forcing's ``chunkwise/causal_forcing.pt``, ``framewise/causal_forcing.pt``,
+  ``causal-forcing++/framewise-{2,1}step.pt`` (``zhuhz22/Causal-Forcing``; its EMA keys carry
+  ``model._fsdp_wrapped_module.``, stripped as upstream's ``inference.py`` does).
   A ``.safetensors`` file next to a ``.pt`` (same stem, made by ``jbkv convert-checkpoint``)
   is preferred.
 
 Where, in order: the ``base`` / ``generator`` / ``lora`` options (a directory or cached repo id,
 files); else a root directory (``weights=``, ``--weights``, ``$JBKV_SELF_FORCING_DIR``) laid out
 as ``ROOT/Wan2.1-T2V-1.3B-Diffusers/``, ``ROOT/checkpoints/self_forcing_dmd.pt``,
-``ROOT/models/{longlive_base,lora}.pt`` (what ``hf download … --local-dir ROOT`` makes); else
+``ROOT/models/{longlive_base,lora}.pt``, ``ROOT/chunkwise/causal_forcing.pt``, … (the repo's own
+paths: what ``hf download … --local-dir ROOT`` makes); else
 the Hugging Face cache of each repo. Everything missing is listed in one
 :class:`WeightsNotFoundError`.
 
@@ -91,10 +95,25 @@ class Generator:
     lora: str | None = None
 
 
+CAUSAL_FORCING_REPO = "zhuhz22/Causal-Forcing"
 GENERATORS = {
     "self-forcing-dmd": Generator("gdhe17/Self-Forcing", "checkpoints/self_forcing_dmd.pt"),
     "longlive": Generator(
         "Efficient-Large-Model/LongLive-1.3B", "models/longlive_base.pt", "models/lora.pt"
+    ),
+    "causal-forcing-chunkwise": Generator(CAUSAL_FORCING_REPO, "chunkwise/causal_forcing.pt"),
+    "causal-forcing-framewise": Generator(CAUSAL_FORCING_REPO, "framewise/causal_forcing.pt"),
+    "causal-forcing-pp-2step": Generator(
+        CAUSAL_FORCING_REPO, "causal-forcing++/framewise-2step.pt"
+    ),
+    "causal-forcing-pp-1step": Generator(
+        CAUSAL_FORCING_REPO, "causal-forcing++/framewise-1step.pt"
+    ),
+    # tianweiy/CausVid: minimal_inference/autoregressive_inference.py reads
+    # CHECKPOINT_FOLDER/model.pt["generator"] (strict, upstream names under "model.")
+    "causvid": Generator("tianweiy/CausVid", "autoregressive_checkpoint/model.pt"),
+    "causvid-warp-4step": Generator(
+        "tianweiy/CausVid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt"
     ),
 }
 
@@ -193,7 +212,7 @@ def locate(
     if missing:
         raise WeightsNotFoundError(
             f"{config} weights not found: missing {'; '.join(missing)} — download "
-            f"{BASE_REPO} and {spec.repo_id} (README: Self-Forcing) and pass --weights DIR, set "
+            f"{BASE_REPO} and {spec.repo_id} (docs/models.md: Self-Forcing) and pass --weights DIR, set "
             f"${ENV_VAR}, or keep them in the Hugging Face cache; nothing is downloaded"
         )
     assert base_dir is not None and gen is not None

@@ -24,15 +24,40 @@ cache keeps attention sinks in full precision) plus the last ``window`` chunks:
   current chunk and ``sink_size = 3`` frames → ``sink = 1``, ``window = 2`` (see
   :func:`window_from_frames`). Positions stay absolute: a sink keeps the frames it was committed
   with, the current chunk sits at its own frame index (upstream's ``causal_rope_apply`` with
-  ``start_frame = current_start // frame_seqlen``).
+  ``start_frame = current_start // frame_seqlen``);
+* Causal-Forcing / Causal-Forcing++ (thu-ml/Causal-Forcing @1fc7bbc1: ``inference.py``,
+  ``pipeline/causal_inference.py``, ``configs/causal_forcing_dmd_{chunkwise,framewise,
+  framewise_1step,framewise_2step}.yaml``, ``configs/default_config.yaml``): the same model
+  code and loop (upstream's ``wan/modules/causal_model.py`` is Self-Forcing's), the same
+  32760-token buffer (21 latent frames). Chunk-wise: Self-Forcing's shape, ``generator`` (the
+  README runs it without ``--use_ema``). Frame-wise: ``num_frame_per_block: 1``, so chunks of
+  one latent frame (1560 tokens at 480×832) read a cache of up to 20 finished frames →
+  ``window = 20``; ``generator_ema``. Steps: ``denoising_step_list`` [1000, 750, 500, 250],
+  [1000, 500] (2-step) or [1000] (1-step), warped; the 1- and 2-step models denoise the first
+  chunk with ``denoising_step_list_first_chunk`` [1000, 750, 500, 250] (``block_index == 0``:
+  the first *generated* chunk, also after an image) — ``first_chunk_steps`` here. Trained on
+  ``num_training_frames: 21`` latent frames (README: "does not natively support videos longer
+  than 81 frames"), so a longer video is a usage error unless ``beyond_horizon`` is set.
+  Image-to-video (``--i2v``, frame-wise only: upstream asserts ``num_frame_per_block == 1``):
+  the image, resized to ``height × width`` (torchvision ``Resize`` on a PIL image: bilinear) and
+  scaled to [−1, 1], is VAE-encoded (the posterior mean, normalised) as latent frame 0; one
+  forward at t = 0 commits it, as the finished chunks' clean-context pass, and frames 1 … F − 1
+  are generated (upstream draws noise for ``num_output_frames − 1`` frames);
+* CausVid (tianweiy/CausVid @ca21150: ``configs/wan_causal_dmd{,_warp_4step_cfg2}.yaml``,
+  ``causvid/models/wan/causal_inference.py``, ``minimal_inference/autoregressive_inference.py``):
+  the same loop with a full cache (a 32760-token buffer written at absolute positions: all 21
+  frames, no window, no sink), shift 8, [1000, 757, 522] unwarped (``step_list``, ``warp``;
+  :mod:`~jbkv_cli.models.self_forcing.schedule`) or [1000, 750, 500, 250] warped, and
+  ``model.pt["generator"]``; trained on 21 latent frames, as Causal-Forcing.
 
-Noise: one CPU generator seeded from (seed, prompt) draws, chunk after chunk, the chunk's initial
-noise then its re-noising ε; the same for every variant, and a longer video starts with the same
-draws as a shorter one.
+Noise: one CPU generator seeded from (seed, case name) draws, chunk after chunk (generated chunks
+only), the chunk's initial noise then its re-noising ε; the same for every variant, and a longer
+video starts with the same draws as a shorter one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -40,7 +65,7 @@ import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.cases import Case
-from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video, text_case
@@ -65,6 +90,7 @@ from jbkv_cli.models.self_forcing.components import (
     locate,
     tiny_components,
 )
+from jbkv_cli.models.self_forcing.image import encode_image, read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
 from jbkv_cli.seeding import noise_generator
 
@@ -93,7 +119,10 @@ class SelfForcingSettings:
     """Generation settings (JSON-able; recorded in the run manifest).
 
     ``steps``: N few-step timesteps ``round(1000·(1 − i/N))`` warped through the shifted table
-    (N = 4: Self-Forcing's ``[1000, 750, 500, 250]``); ``shift``: the table's timestep shift.
+    (N = 4: Self-Forcing's ``[1000, 750, 500, 250]``); ``first_chunk_steps``: the same for the
+    first generated chunk (None: ``steps``; Causal-Forcing++'s 1-/2-step models: 4);
+    ``shift``: the table's timestep shift. ``horizon``: the latent frames the generator was
+    trained on (None: no limit), refused beyond unless ``beyond_horizon``.
     ``window``: finished chunks kept besides the sinks (None: all); ``sink``: first chunks kept
     for good. ``ema``: read ``generator_ema`` from a training checkpoint. ``lora_alpha``: LoRA
     scale numerator (None: the rank, i.e. scale 1).
@@ -107,6 +136,9 @@ class SelfForcingSettings:
     ema: bool
     lora_alpha: float | None
     steps: int
+    step_list: tuple[int, ...] | None
+    warp: bool
+    first_chunk_steps: int | None
     shift: float
     chunk_frames: int
     num_chunks: int
@@ -118,6 +150,8 @@ class SelfForcingSettings:
     device: str
     dtype: str
     attention_backend: str | None
+    horizon: int | None = None
+    beyond_horizon: bool = False
 
     @property
     def latent_frames(self) -> int:
@@ -128,6 +162,9 @@ _SELF_FORCING = dict(
     ema=True,  # upstream README: inference.py --use_ema
     lora_alpha=None,
     steps=4,
+    step_list=None,  # explicit denoising_step_list (CausVid's 1000,757,522); else from steps
+    warp=True,  # warp_denoising_step
+    first_chunk_steps=None,
     shift=5.0,
     chunk_frames=3,
     num_chunks=7,  # 21 latent frames = 81 frames
@@ -138,6 +175,8 @@ _SELF_FORCING = dict(
     fps=16,
 )
 _LONGLIVE_WINDOW, _LONGLIVE_SINK = window_from_frames(12, 3, 3)
+# frame-wise Causal-Forcing: 21 chunks of 1 latent frame, the 21-frame buffer = current + 20
+_CAUSAL_FRAMEWISE = _SELF_FORCING | dict(chunk_frames=1, num_chunks=21, window=20)
 PRESETS: dict[str, dict[str, Any]] = {
     "self-forcing-dmd": _SELF_FORCING,
     "longlive": _SELF_FORCING
@@ -148,8 +187,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         window=_LONGLIVE_WINDOW,
         sink=_LONGLIVE_SINK,
     ),
+    "causal-forcing-chunkwise": _SELF_FORCING | dict(ema=False),  # README: no --use_ema
+    "causal-forcing-framewise": _CAUSAL_FRAMEWISE,
+    "causal-forcing-pp-2step": _CAUSAL_FRAMEWISE | dict(steps=2, first_chunk_steps=4),
+    "causal-forcing-pp-1step": _CAUSAL_FRAMEWISE | dict(steps=1, first_chunk_steps=4),
+    # CausVid: full cache (the 32760-token buffer holds all 21 frames), shift 8, "generator"
+    "causvid": _SELF_FORCING
+    | dict(ema=False, window=None, shift=8.0, steps=3, step_list="1000,757,522", warp=False),
+    "causvid-warp-4step": _SELF_FORCING | dict(ema=False, window=None, shift=8.0),
     "tiny-random": _SELF_FORCING | dict(num_chunks=3, height=32, width=32),
 }
+# latent frames each generator was trained on (``num_training_frames: 21``), where a preset
+# refuses more (Causal-Forcing's README: not natively longer than 81 frames)
+HORIZONS = {name: 21 for name in PRESETS if name.startswith(("causal-forcing", "causvid"))}
 _FRAMES = Spec("int", lo=0, hi=4 * 1024)
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
@@ -160,6 +210,10 @@ OPTIONS: dict[str, Spec] = {
     "local_attn_size": _FRAMES,
     "sink_size": _FRAMES,
     "ema": Spec("bool"),
+    "first_chunk_steps": WAN_OPTIONS["steps"],
+    "step_list": Spec("str", pattern=r"\d{1,4}(,\d{1,4})*", what="timesteps like 1000,757,522"),
+    "warp": Spec("bool"),
+    "beyond_horizon": Spec("bool"),
     "lora_alpha": Spec("float", lo=0, lo_open=True, hi=1e6),
     "window": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
     "sink": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
@@ -175,7 +229,12 @@ class SelfForcing(WanHeads):
     def __init__(self, components: Components, settings: SelfForcingSettings) -> None:
         self.components = components
         self.config = settings
-        self.schedule = FewStepSchedule.build(settings.steps, settings.shift)
+        s = settings
+        self.schedule = FewStepSchedule.build(s.steps, s.shift, s.step_list, s.warp)
+        first = s.first_chunk_steps
+        self.first_schedule = (
+            self.schedule if first is None else FewStepSchedule.build(first, s.shift, warp=s.warp)
+        )
         self._texts: dict[str, torch.Tensor] = {}
         self.settings: dict[str, Any] = asdict(settings) | {
             "latent_frames": settings.latent_frames,
@@ -184,6 +243,10 @@ class SelfForcing(WanHeads):
             "clean_context": CLEAN_CONTEXT,
             "head_dim": components.transformer.config.attention_head_dim,
         }
+        if first is not None:
+            self.settings["first_chunk_timesteps"] = [
+                round(t, 4) for t in self.first_schedule.timesteps
+            ]
 
     @property
     def num_frames(self) -> int:
@@ -233,6 +296,11 @@ class SelfForcing(WanHeads):
         shape = self.chunk_shape
         return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.config.device)
 
+    def encode_image(self, path: str, case: str) -> torch.Tensor:
+        """The image at ``path`` as one normalised latent frame ``[1, C, 1, h, w]`` (float32)."""
+        s = self.config
+        return encode_image(self.components.vae, path, case, s.height, s.width, s.device)
+
     def cache_spec(self, kv: KVSpec) -> KVSpec:
         """``kv`` as this model runs it (:meth:`resolve_kv`), with its attention sinks
         (``sink`` chunks) unless it sets its own."""
@@ -256,18 +324,23 @@ class SelfForcing(WanHeads):
         observer: AttentionObserver | None = None,
         probe: Any = None,
         layout: str | None = None,
+        image: torch.Tensor | None = None,
+        name: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts.
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is
         told the chunk and denoising step before each forward (``None`` for the clean pass).
         ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method asks (None:
-        as the spec; QVG's default here is pre-RoPE, as upstream's Self-Forcing integration)."""
-        s, schedule = self.config, self.schedule
+        as the spec; QVG's default here is pre-RoPE, as upstream's Self-Forcing integration).
+        ``image``: the image latent ``[1, C, 1, h, w]`` (:meth:`encode_image`), latent frame 0
+        (frame-wise models only); ``name``: what seeds the noise (the case's name; the
+        prompt)."""
+        s = self.config
         transformer = self.components.transformer
         text = self.encode_prompt(prompt)
         spec = self.cache_spec(kv)
-        generator = noise_generator(seed, prompt)
+        generator = noise_generator(seed, prompt if name is None else name)
         rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
         caches = layer_caches(
             spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
@@ -275,9 +348,32 @@ class SelfForcing(WanHeads):
         layers = caches if probe is None else probe.wrap(caches)
         context = ChunkContext(caches=layers, backend=s.attention_backend, key_rope=rope)
         chunks, peak, working = [], PeakBytes(), 0
+        first = 0
+        if image is not None:
+            if s.chunk_frames != 1 or tuple(image.shape) != self.chunk_shape:
+                raise UsageError(
+                    f"image-to-video needs the frame-wise model (chunk_frames=1) and an image "
+                    f"latent of shape {self.chunk_shape}, got chunk_frames={s.chunk_frames} "
+                    f"and {tuple(image.shape)}"
+                )
+            chunks.append(image.to(self.config.device, torch.float32))
+            first = 1
         with torch.no_grad(), cached_self_attention(transformer, context):
-            for c in range(s.num_chunks):
+            if image is not None:  # the image latent's K/V, committed as a finished chunk's
+                if probe is not None:
+                    probe.at(0, None)
+                context.frame_offset = 0
+                context.commit = True
+                try:
+                    self.flow(chunks[0], 0.0, text)
+                finally:
+                    context.commit = False
+                peak.update(caches)
+                if progress is not None:
+                    progress(1, s.num_chunks)
+            for c in range(first, s.num_chunks):
                 context.frame_offset = c * s.chunk_frames
+                schedule = self.first_schedule if c == first else self.schedule
                 x = self.draw(generator)
                 for i, (t, sigma) in enumerate(
                     zip(schedule.timesteps, schedule.sigmas, strict=True)
@@ -318,14 +414,35 @@ class SelfForcing(WanHeads):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
     ) -> Video:
-        """Generate one video; the noise depends only on (prompt, seed, settings)."""
-        prompt = text_case(case, self.name).prompt
+        """Generate one video; the noise depends only on (case name, seed, settings). A case
+        with an image (frame-wise models) starts from that image (image-to-video)."""
+        case = Case.of(case)
+        check_case(case, self.config)
+        image = None if case.image is None else self.encode_image(case.image, case.name)
         latents, cache_info = self.generate_latents(
-            prompt, seed, kv, progress=progress, observer=observer
+            case.prompt, seed, kv, progress=progress, observer=observer, image=image, name=case.name
         )
         info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
+        if case.image is not None:
+            info["image"] = case.image
         label = self.resolve_kv(kv).label
         return chunk_video(self.components, self.config, latents, label, info | cache_info)
+
+
+def check_case(case: Case, settings: SelfForcingSettings) -> None:
+    """Refuse a case this model cannot generate: a trajectory; an image for a chunk-wise model
+    (upstream's I2V is frame-wise only); an image that is no readable picture."""
+    if case.trajectory is not None:
+        text_case(case, "self-forcing")  # one line naming the trajectory
+    if case.image is None:
+        return
+    if settings.chunk_frames != 1:
+        raise UsageError(
+            f"case {shown(case.name)}: image-to-video needs a frame-wise config "
+            f"(chunk_frames=1: causal-forcing-framewise, causal-forcing-pp-1step/2step), "
+            f"not {settings.config} with chunk_frames={settings.chunk_frames}"
+        )
+    read_image(case.image, case.name)
 
 
 # --------------------------------------------------------------------------- loading
@@ -358,8 +475,18 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
             raise UsageError(
                 f"window must be >= 0 chunks (or None: keep all), got {values['window']}"
             )
+    if "steps" in options and "step_list" not in options:
+        values["step_list"] = None  # -o steps=N replaces a preset's list
+    if values["step_list"] is not None:
+        values["step_list"] = parse_step_list(str(values["step_list"]))
+        values["steps"] = len(values["step_list"])
+    values["warp"] = bool(values["warp"])
+    if values["first_chunk_steps"] is not None:
+        values["first_chunk_steps"] = int(values["first_chunk_steps"])
     check_frame_size(values)
     check_latent_frames("self-forcing", config, values["chunk_frames"], values["num_chunks"])
+    beyond = bool(options.get("beyond_horizon", False))
+    check_horizon(config, values["chunk_frames"], values["num_chunks"], beyond)
     values["shift"] = float(values["shift"])
     values["ema"] = bool(values["ema"])
     if values["lora_alpha"] is not None:
@@ -377,7 +504,34 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
         attention_backend=backend,
         **paths,
         **{k: values[k] for k in preset},
+        horizon=HORIZONS.get(config),
+        beyond_horizon=beyond,
     )
+
+
+def parse_step_list(text: str) -> tuple[int, ...]:
+    """``"1000,757,522"`` → (1000, 757, 522): descending timesteps in 1..1000."""
+    steps = tuple(int(x) for x in text.split(","))
+    if any(not 1 <= t <= 1000 for t in steps) or list(steps) != sorted(set(steps), reverse=True):
+        raise UsageError(
+            f"step_list={shown(text)} must be distinct descending timesteps in 1..1000 "
+            "(upstream's denoising_step_list without its final 0)"
+        )
+    return steps
+
+
+def check_horizon(config: str, chunk_frames: int, num_chunks: int, beyond: bool) -> None:
+    """Refuse more latent frames than ``config``'s generator was trained on (:data:`HORIZONS`)
+    unless ``beyond`` (``-o beyond_horizon=true``: the cache then rolls its window)."""
+    horizon = HORIZONS.get(config)
+    frames = chunk_frames * num_chunks
+    if horizon is not None and frames > horizon and not beyond:
+        raise UsageError(
+            f"self-forcing: {config} was trained on {horizon} latent frames "
+            f"({4 * (horizon - 1) + 1} frames); {num_chunks} chunks of {chunk_frames} are "
+            f"{frames}: give num_chunks <= {horizon // chunk_frames}, or -o beyond_horizon=true "
+            "to run past it"
+        )
 
 
 def _resolved(
@@ -406,14 +560,24 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
+def check_cases(cases: Iterable[Case], **options: Any) -> None:
+    """Refuse, before anything is built, the first case these options cannot generate
+    (:func:`check_case`: an image needs a frame-wise config and must be readable)."""
+    _, settings, _ = _resolved(options)
+    for case in cases:
+        check_case(case, settings)
+
+
 def load_model(**options: Any) -> SelfForcing:
     """Build a Self-Forcing-family model from local weights, or ``config="tiny-random"``.
 
     Options (None means "use the default"): ``config`` (``self-forcing-dmd`` | ``longlive`` |
-    ``tiny-random``); weights: ``weights`` (root directory; else ``$JBKV_SELF_FORCING_DIR``, else
+    ``causal-forcing-chunkwise`` | ``causal-forcing-framewise`` | ``causal-forcing-pp-2step`` |
+    ``causal-forcing-pp-1step`` | ``tiny-random``); weights: ``weights`` (root directory; else ``$JBKV_SELF_FORCING_DIR``, else
     the HF cache), ``base`` (diffusers-format Wan2.1-T2V-1.3B directory or cached repo id),
     ``generator`` / ``lora`` (checkpoint files, ``.pt`` or ``.safetensors``), ``ema`` (read
-    ``generator_ema``), ``lora_alpha``; sampling: ``steps`` (4), ``shift`` (5.0),
+    ``generator_ema``), ``lora_alpha``; sampling: ``steps`` (4), ``first_chunk_steps`` (None;
+    Causal-Forcing++: 4), ``beyond_horizon`` (false), ``shift`` (5.0),
     ``chunk_frames`` (3), ``num_chunks`` (7) or ``num_frames`` (81), ``window`` (6) and ``sink``
     (0) in chunks or ``local_attn_size`` + ``sink_size`` in frames (LongLive: 12, 3),
     ``height``/``width`` (480/832), ``fps`` (16); ``device``, ``dtype`` (bfloat16 on cuda,

@@ -11,6 +11,12 @@ Facts from guandeh17/Self-Forcing @33593df (``utils/scheduler.py: FlowMatchSched
 * ``warp_denoising_step``: the configured ``denoising_step_list = [1000, 750, 500, 250]``
   indexes the table (with t = 0 appended) at ``1000 − t``, so the model sees
   t = 1000, 937.5, 833.3, 625 (σ = 1, 0.9375, 0.8333, 0.625);
+* CausVid (tianweiy/CausVid @ca21150, ``causvid/models/wan/causal_inference.py``,
+  ``wan_wrapper.py``, ``flow_match.py``): the same table with ``shift = 8.0`` (hard-coded in
+  ``WanDiffusionWrapper``); ``configs/wan_causal_dmd.yaml`` lists [1000, 757, 522] *unwarped*
+  (``warp_denoising_step: false``): the model sees t = 1000, 757, 522 themselves and x₀ / the
+  re-noise use σ of the table entry whose timestep is nearest to t (``argmin |t_j − t|``, the
+  first on a tie); ``wan_causal_dmd_warp_4step_cfg2.yaml`` warps [1000, 750, 500, 250];
 * each step the generator predicts the flow ``v`` and ``x₀ = x_t − σ_t v`` (float64); before the
   next step ``x ← (1 − σ_next) x₀ + σ_next ε`` with fresh Gaussian noise ε; the last step's x₀ is
   the chunk. The clean-context pass then runs the chunk at ``context_noise`` = t = 0.
@@ -49,10 +55,23 @@ class FewStepSchedule:
     sigmas: tuple[float, ...]
 
     @classmethod
-    def build(cls, steps: int, shift: float) -> FewStepSchedule:
+    def build(
+        cls,
+        steps: int,
+        shift: float,
+        step_list: tuple[int, ...] | None = None,
+        warp: bool = True,
+    ) -> FewStepSchedule:
+        """``step_list`` (else :func:`denoising_step_list` of ``steps``) warped through the
+        table, or with ``warp=False`` taken as the model's timesteps with the nearest entry's σ."""
         sigma, t = shifted_table(shift)
-        index = torch.tensor([TRAIN_STEPS - s for s in denoising_step_list(steps)])
-        return cls(tuple(t[index].tolist()), tuple(sigma[index].tolist()))
+        listed = tuple(step_list) if step_list is not None else denoising_step_list(steps)
+        if warp:
+            index = torch.tensor([TRAIN_STEPS - s for s in listed])
+            return cls(tuple(t[index].tolist()), tuple(sigma[index].tolist()))
+        given = torch.tensor(listed, dtype=torch.float32)
+        index = (t[:TRAIN_STEPS, None] - given[None]).abs().argmin(dim=0)
+        return cls(tuple(float(s) for s in listed), tuple(sigma[index].tolist()))
 
     def __len__(self) -> int:
         return len(self.timesteps)
