@@ -40,16 +40,23 @@ def run_all(cases: list[tuple], cwd: Path) -> list[subprocess.CompletedProcess]:
         return list(pool.map(lambda args: run(*args, cwd=cwd), cases))
 
 
+def _default_signals() -> None:
+    """In the child: SIGINT, SIGTERM and SIGHUP at their defaults. A shell's background job
+    inherits SIGINT ignored and a ``nohup`` run SIGHUP, and jbkv keeps an ignored signal ignored
+    (as it should), so a test run started that way would wait for a signal that never lands."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def interruptible(argv: list[str], cwd: Path) -> subprocess.Popen:
-    """Start ``argv`` with SIGINT at its default (a shell's background job inherits it ignored,
-    and Python keeps an ignored SIGINT ignored)."""
+    """Start ``argv`` with the interrupting signals at their defaults (:func:`_default_signals`)."""
     return subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_signals,
     )
 
 
@@ -176,7 +183,7 @@ def interrupt_at(
         text=True,
         cwd=cwd,
         env=env,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=_default_signals,
     )
     deadline = time.monotonic() + 900
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
