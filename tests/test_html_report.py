@@ -310,7 +310,7 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
         # figures at their natural size (the frontier's panels full width, not thumbnails)
         frontier = browser.js(
             "(() => { const i = document.querySelector('img[src=\"frontier.png\"]'); "
-            "return [i.naturalWidth, i.naturalHeight, i.getBoundingClientRect().width]; })()"
+            "return [i.naturalWidth, i.naturalHeight, i.width]; })()"  # width: the content box
         )
         assert frontier[0] >= 900 and frontier[1] > frontier[0], frontier  # panels stacked
         assert abs(frontier[2] - frontier[0]) <= 1, frontier  # shown at 100%
