@@ -256,6 +256,12 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
             idx = torch.linspace(0, dps.numel() - 1, HISTOGRAM_SAMPLES).long()
             dps = dps[idx]
         record["delta_ps_samples"] = [round(float(x), 6) for x in dps]
+        # per observed attention call (a block of queries of one layer): the cached
+        # log-partition shift and the part the correction predicts (attention/partition.py)
+        record["partition_samples"] = [
+            [layer, round(shift, 6), round(predicted, 6)]
+            for layer, shift, predicted in rec.partition
+        ]
     run.save_video(vid, name, video, record)
     return record
 

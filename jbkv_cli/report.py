@@ -26,6 +26,8 @@ from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.runs import RunDir, video_name
 from jbkv_cli.tables import print_fitted
 
+LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/partition.py
+
 
 def reference_bits(run: RunDir) -> int:
     """Bits per cached element of the reference: 16 for BF16/FP16, 32 for FP32 runs."""
@@ -113,6 +115,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                     ]
                 ),
                 noise_z_mean=Stat.of([d.get("noise_z_mean") for d in diag]),
+                **{m: Stat.of([d.get(m) for d in diag]) for m in LP_METRICS},
                 kv_cache_bytes=None if kv is None else round(kv.mean),
                 seconds=Stat.of([r["seconds"] for r in records]),
                 videos=len(records),
@@ -209,6 +212,11 @@ def _fmt(
     return text + (f"{sep}{m.se:.{digits}f}" if m.se is not None and sep is not None else "")
 
 
+def format_stat(m: Stat | None, digits: int, signed: bool = False) -> str:
+    """``mean ± se`` of a metric, ``—`` when there is none (the HTML page's cells)."""
+    return _fmt(m, digits, signed)
+
+
 def _best(rows: list[ResultRow], key: str, lower: bool, absolute: bool = False) -> str | None:
     cands = [
         (r.mean(key), r.variant) for r in rows if not r.is_reference and r.mean(key) is not None
@@ -229,6 +237,8 @@ COLUMNS = (
     "SSIM ↑",
     "LPIPS ↓",
     "ΔP_S",
+    "Δlog Z",
+    "pred/Δ",
     "KV MB",
     "KV/ref",
     "s/video",
@@ -250,17 +260,19 @@ class Layout:
 
 
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
-_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video"}  # eff. bits says the size
+_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video", "pred/Δ"}  # eff. bits says the size
+_BARE = frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S", "Δlog Z"})
 LAYOUTS = (
     Layout(),
     Layout(_REDUNDANT),
     Layout(_REDUNDANT, "±"),
-    Layout(_REDUNDANT | {"s/video"}, "±"),
+    Layout(_REDUNDANT | {"s/video", "pred/Δ"}, "±"),
     Layout(_SECONDARY, "±"),
-    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓"})),
-    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S"})),
+    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓", "Δlog Z"})),
+    Layout(_SECONDARY, "±", _BARE),
+    Layout(_SECONDARY | {"Δlog Z"}, "±", _BARE),
 )
-"""From the full table (160 columns) down to the most compact (usable at 80)."""
+"""From the full table (190 columns) down to the most compact (usable at 80)."""
 
 
 def table_cells(
@@ -300,6 +312,8 @@ def table_cells(
             "SSIM ↑": "ref" if ref else fmt("SSIM ↑", r.ssim, 4),
             "LPIPS ↓": "ref" if ref else lp,
             "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
+            "Δlog Z": "—" if ref else fmt("Δlog Z", r.lp_shift, 4, signed=True),
+            "pred/Δ": "—" if ref or r.lp_ratio is None else f"{r.lp_ratio.mean:+.2f}",
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
             "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
             "s/video": fmt("s/video", r.seconds, 2),
@@ -427,7 +441,7 @@ def to_csv(rows: list[ResultRow]) -> str:
         "pruner",
         "kv_ratio",
     ]
-    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds"]
+    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", *LP_METRICS]
     writer = csv.writer(buf)
     writer.writerow(
         fields

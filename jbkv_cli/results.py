@@ -49,7 +49,7 @@ class Stat:
 
 
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
-METRICS += ("noise_z_mean", "seconds")
+METRICS += ("noise_z_mean", "seconds", "lp_shift", "lp_predicted", "lp_left", "lp_ratio")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,13 @@ class ResultRow:
     pruner: str = "none"  # the KV pruner's name (none: every cached token kept)
     kv_ratio: float | None = None  # kv_cache_bytes / the reference's, measured
     kv_bytes_by_head: dict[str, int] | None = None  # pruned: peak bytes per head class
+    # the cached log-partition shift of the stored keys (attention/partition.py), per video the
+    # mean over observed calls: measured, the part the correction predicts, what it leaves, and
+    # Σ predicted / Σ measured (1: exact; > 1 over-corrects; < 0 the wrong sign)
+    lp_shift: Stat | None = None
+    lp_predicted: Stat | None = None
+    lp_left: Stat | None = None
+    lp_ratio: Stat | None = None
 
     @property
     def is_reference(self) -> bool:

@@ -4,7 +4,9 @@ One entry point, :func:`attend`, and three backends behind a registry by name:
 
 - ``fused`` (default): the augmented-channel form of the Taylor correction
   (:func:`~jbkv_cli.attention.correction.augment_taylor`) through SDPA; no ``[Lq, Lk]`` tensor.
-- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor bias on cached keys.
+  The signed correction is the same bilinear form with other channel values
+  (:func:`~jbkv_cli.attention.correction.bilinear_channels`), so it runs the same way.
+- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor (or signed) bias.
 - ``reference``: a dense float mask ``[B, Hq, Lq, Lk]`` through SDPA (tests and tiny shapes).
 
 The exact correction (and the bias-only ablation, which *adds* the exact bias) is not a bilinear
@@ -29,7 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
+    NO_EXCESS_VAR,
     Correction,
+    bilinear_channels,
     build_augmented,
     get_correction,
     group_sq_norms,
@@ -47,7 +51,8 @@ class CachedKV:
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
-    (None: all); attention masks the others.
+    (None: all); attention masks the others. ``k_var`` ``[B, Hkv, Lc, G]``: the keys' excess
+    variance (the signed correction's ``s``, zeros for exact keys; None when not gathered).
     """
 
     k: torch.Tensor
@@ -57,6 +62,7 @@ class CachedKV:
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    k_var: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -64,7 +70,7 @@ class CachedKV:
 
     @classmethod
     def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
-        return cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+        return cls(k.dequantize(), v.dequantize(), k.step, k.rotation, k_var=k.excess_var)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None):
@@ -86,7 +92,7 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
 
 
 def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
-    return jensen_bias(q, cached.k_step, scale, method, cached.rotation)
+    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_var)
 
 
 def masked(
@@ -123,23 +129,32 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
     return k, v
 
 
-def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _fused(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form: str = "taylor"
+) -> torch.Tensor:
+    channels = None
+    if form != "taylor":
+        channels = bilinear_channels(form, cached.k_step, cached.k_var, scale, sign)
     qa, ka, va = build_augmented(
-        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
+        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign, channels
     )
     return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
 
-def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _flex(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form: str = "taylor"
+) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     k, v = concat_kv(cached, k_cur, v_cur)
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
     qn2 = group_sq_norms(q, groups, cached.rotation)  # [B, Hq, Lq, G]
-    d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
+    if form == "taylor":  # bias = coef Σ_j ‖q_j‖² d2_ij
+        d2, coef = cached.k_step.float().square(), sign * scale * scale / 24.0  # [B, Hkv, Lc, G]
+    else:  # the signed correction (attend checked k_var)
+        d2, coef = cached.k_var.float(), sign * scale * scale / 2.0
     lc = cached.num_tokens
-    coef = sign * scale * scale / 24.0
     drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
     if cached.valid is not None:
         drop.masked_fill_(~cached.valid.to(q.device), -torch.inf)
@@ -155,9 +170,11 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch
     return out
 
 
-def _reference(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float) -> torch.Tensor:
+def _reference(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form: str = "taylor"
+) -> torch.Tensor:
     k, v = concat_kv(cached, k_cur, v_cur)
-    return masked(q, k, v, cached, scale, "taylor", sign, block=None)
+    return masked(q, k, v, cached, scale, form, sign, block=None)
 
 
 BACKENDS: dict[str, Callable[..., torch.Tensor]] = {
@@ -216,9 +233,9 @@ def attend(
 ) -> torch.Tensor:
     """``softmax(τ q [k̂_cached | k_cur]ᵀ − b) [v̂_cached | v_cur]`` -> ``[B, Hq, Lq, D]``.
 
-    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``none``, or ``bias-only``,
-    which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys are
-    concatenated cached-first.
+    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``signed``, ``none``, or
+    ``bias-only``, which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys
+    are concatenated cached-first. ``signed`` reads ``cached.k_var`` (``ValueError`` without it).
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
@@ -229,9 +246,15 @@ def attend(
     if cached.k_step is None or not corr.active:
         mask = key_mask(cached, q, cached.num_tokens + k_cur.shape[-2])
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
+    if corr.form == "variance" and (
+        cached.k_var is None or cached.k_var.shape != cached.k_step.shape
+    ):
+        raise ValueError(NO_EXCESS_VAR)
     if corr.form == "exact":
         return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", corr.sign)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign)
+    if corr.form == "taylor":  # the paper's path, unchanged
+        return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign)
+    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign, corr.form)

@@ -15,12 +15,54 @@ Shapes: ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` with ``G = D/g``; GQA
 head ``h`` to KV head ``h // (Hq/Hkv)``. With a rotation ``R`` the noise lives in the rotated
 basis, so ``q`` is replaced by ``R q`` before grouping.
 
+**Not every quantizer adds noise: the signed correction.** Both forms above assume *additive*
+noise, ``k̂ = k + e`` with ``e`` independent of ``k``. Write ``e = k̂ − k`` for any method and
+``w_i`` for the softmax of the true scores over the cached tokens. The shift of the cached
+log-partition is
+
+    Δ log Z = log Σ_i exp(τ q·k̂_i) − log Σ_i exp(τ q·k_i) = log Σ_i w_i exp(τ q·e_i)
+            ≈ τ E_w[q·e] + (τ²/2) Var_w(q·e)                  (second order in τ q·e)
+
+- *Additive* (``e`` independent of ``k``): the weights ``w`` do not see ``e``, so ``E_w[q·e] =
+  E[q·e] = 0`` and ``Δ log Z ≈ (τ²/2) qᵀ Var(e) q > 0``: ``E exp(q·k̂)`` is inflated; subtract
+  ``b`` (for uniform noise ``Var(e) = Δ²/12`` per channel: the paper's taylor ``b``).
+- *Centroid type* (``k = k̂ + e'``, ``e' = −e`` uncorrelated with the stored ``k̂``: Lloyd–Max
+  codebooks, k-means centroids, TurboQuant's MSE variant): the same sum written from the stored
+  side, ``Δ log Z = −log Σ_i ŵ_i exp(τ q·e'_i)`` with ``ŵ`` the softmax of the stored scores,
+  which do not see ``e'``; so ``Δ log Z ≈ −(τ²/2) qᵀ Var(e) q < 0``: the true partition sum
+  ``E exp(q·(k̂ + e')) ≥ exp(q·k̂)``, the stored keys *under*-state it, and the variance term must
+  be *added*. Subtracting ``b`` doubles the error.
+- *In general* the weights tilt the key distribution along ``q``; to first order in the tilt
+  (exact for Gaussian keys by Stein's lemma) ``E_w[q·e] ≈ q·E[e] + τ qᵀ Cov(e, k) q``, and
+  ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so with zero-mean error
+
+      Δ log Z ≈ (τ²/2) qᵀ [Cov(e, k̂) + Cov(e, k)] q = (τ²/2) qᵀ [Var(k̂) − Var(k)] q,
+
+  ``+Var(e)`` for additive noise, ``−Var(e)`` for centroid noise, and for a *mixed* quantizer
+  (a dead zone shrinks small values to 0, the outer codes round outward) whatever its error
+  energy ``‖e‖² = e·k̂ − e·k`` splits into: the additive part ``e·k̂`` and the centroid part
+  ``−e·k``.
+
+So ``signed`` subtracts, per cached token ``i``,
+
+    signed:  b_i = (τ²/2) Σ_j s_ij ‖q_j‖²,     s_ij = Var(k̂) − Var(k) per channel of group j
+
+with ``s`` (``excess_var``) from the method's declared noise model (:mod:`jbkv_cli.quant.noise`):
+``+Δ²/12`` for additive noise (then ``signed`` *is* ``taylor``, bit for bit), ``−Var`` of the
+cell for centroid noise (TurboQuant-MSE: from its codebook and stored norms, nothing extra
+stored), and for mixed noise measured when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)``
+per chunk, head and group, FP8, counted in the bytes; ``s_ij = κ_j Δ_ij²/12``). It is a bilinear
+form, like taylor: the fused kernel carries it in the same ``G`` extra channels. Not corrected:
+the first-order term ``τ q·E[e]`` of a biased quantizer, and terms beyond second order (the
+diagnostics measure what is left: :mod:`jbkv_cli.attention.partition`).
+
 Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correction`:
 
 - ``none``: scores as the quantized keys give them.
 - ``taylor`` (default): subtract the second-order bias; a bilinear form, so it rides inside any
   attention kernel as extra channels (:func:`augment_taylor`).
 - ``exact``: subtract ``Σ_c log(sinh α/α)``.
+- ``signed``: subtract ``(τ²/2) Σ_j s_ij ‖q_j‖²`` (above; the same fused form as taylor).
 - ``bias-only`` (an ablation): keep the cache in full precision but *add* the exact bias the
   method's steps predict, isolating the Jensen bias from the rounding noise.
 """
@@ -44,7 +86,7 @@ class Correction:
     """
 
     name: str
-    form: str | None = None  # "taylor", "exact" or None (nothing added)
+    form: str | None = None  # "taylor", "exact", "variance" (signed) or None (nothing added)
     sign: float = -1.0
     quantizes: bool = True
     ablation: bool = False
@@ -67,6 +109,11 @@ CORRECTIONS: dict[str, Correction] = {
         Correction("taylor", "taylor", summary="subtract (τ²/24) Σ_j Δ_ij² ‖q_j‖²"),
         Correction("exact", "exact", summary="subtract Σ_c log(sinh α_ic / α_ic)"),
         Correction(
+            "signed",
+            "variance",
+            summary="subtract (τ²/2) Σ_j s_ij ‖q_j‖², s from the method's noise model",
+        ),
+        Correction(
             "bias-only",
             "exact",
             sign=1.0,
@@ -76,7 +123,7 @@ CORRECTIONS: dict[str, Correction] = {
         ),
     )
 }
-FORMS = ("none", "taylor", "exact")
+FORMS = ("none", "taylor", "exact", "variance")
 
 
 def get_correction(name: str | Correction) -> Correction:
@@ -113,6 +160,41 @@ def taylor_bias(
     qn2 = group_sq_norms(q, step.shape[-1], rotation)  # [..., Hq, Lq, G]
     d2 = _expand_kv_heads(step.float().square(), q.shape[-3])  # [..., Hq, Lk, G]
     return (scale * scale / 24.0) * (qn2 @ d2.transpose(-1, -2))
+
+
+def variance_bias(
+    q: torch.Tensor, excess_var: torch.Tensor, scale: float, rotation=None
+) -> torch.Tensor:
+    """``b_i = (τ²/2) Σ_j s_ij ‖q_j‖²``: ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq,
+    Lk]`` (the signed correction; ``s`` may be negative, then ``b`` is)."""
+    qn2 = group_sq_norms(q, excess_var.shape[-1], rotation)
+    s = _expand_kv_heads(excess_var.float(), q.shape[-3])
+    return (0.5 * scale * scale) * (qn2 @ s.transpose(-1, -2))
+
+
+def bilinear_channels(
+    form: str,
+    step: torch.Tensor,
+    excess_var: torch.Tensor | None,
+    scale: float,
+    sign: float = -1.0,
+) -> torch.Tensor:
+    """The extra key channels ``[..., Lc, G]`` of a bilinear correction: ``τ q'·k'`` gains
+    ``τ Σ_j ‖q_j‖² c_ij`` with ``c = sign·(τ/24)·Δ²`` (taylor) or ``sign·(τ/2)·s`` (signed)."""
+    if form == "taylor":
+        return (sign * scale / 24.0) * step.float().square()
+    if form == "variance":
+        if excess_var is None:
+            raise ValueError(NO_EXCESS_VAR)
+        return (sign * scale / 2.0) * excess_var.float()
+    raise ValueError(f"{form!r} is not a bilinear correction (taylor, variance)")
+
+
+NO_EXCESS_VAR = (
+    "the signed correction needs every quantized cached key's excess variance; a method with "
+    "mixed noise has it only when stored through a cache with the signed correction "
+    "(jbkv_cli.quant.noise.measure_noise)"
+)
 
 
 def log_sinhc(a: torch.Tensor) -> torch.Tensor:
@@ -215,9 +297,11 @@ def jensen_bias(
     scale: float,
     method: str = "taylor",
     rotation: RandomHadamard | None = None,
+    excess_var: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
-    -> ``[..., Hq, Lq, Lk]``; ``method`` is ``taylor``, ``exact`` or ``none`` (zeros)."""
+    -> ``[..., Hq, Lq, Lk]``; ``method`` is a form: ``taylor``, ``exact``, ``variance`` (the
+    signed correction, which reads ``excess_var`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
     if method not in FORMS:
         raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
@@ -228,6 +312,10 @@ def jensen_bias(
         return taylor_bias(q, step, scale, rotation)
     if method == "exact":
         return exact_bias(q, step, scale, rotation)
+    if method == "variance":
+        if excess_var is None:
+            raise ValueError(NO_EXCESS_VAR)
+        return variance_bias(q, excess_var, scale, rotation)
     shape = (*q.shape[:-1], step.shape[-2])
     return torch.zeros(shape, dtype=torch.float32, device=q.device)
 
@@ -276,16 +364,22 @@ def build_augmented(
     scale: float,
     rotation: RandomHadamard | None = None,
     sign: float = -1.0,
+    channels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`augment_taylor` from the cached and current parts, one allocation per tensor
-    (the ``[cached | current]`` concatenation and the extra channels are written together)."""
+    (the ``[cached | current]`` concatenation and the extra channels are written together).
+    ``channels`` ``[..., Lc, G]``: the extra key channels of another bilinear correction
+    (:func:`bilinear_channels`; default: taylor's from ``step`` and ``sign``)."""
     groups, lc, d = step.shape[-1], step.shape[-2], q.shape[-1]
     q_aug = torch.cat([q, group_sq_norms(q, groups, rotation).to(q.dtype)], dim=-1)
     shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
     k_aug = k_cur.new_empty(shape)
     k_aug[..., :lc, :d] = k_cached
     k_aug[..., lc:, :d] = k_cur
-    k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+    if channels is None:
+        k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+    else:
+        k_aug[..., :lc, d:] = channels
     k_aug[..., lc:, d:] = 0
     v_aug = v_cur.new_empty(shape)
     v_aug[..., :lc, :d] = v_cached

@@ -6,6 +6,9 @@
 - The noise model itself: cached-score errors ``δ_i = τ q·(k̂_i − k_i)`` against the predicted
   mean 0 and variance ``σ_i² = (τ²/12) Σ_j Δ_ij² ‖q_j‖²``: ``z = δ/σ`` should have mean ≈ 0 and
   variance ≈ 1 if the noise is uniform and independent, as the analysis assumes.
+- The bias itself (:mod:`jbkv_cli.attention.partition`): per observed attention call (one
+  block of queries of one layer) the shift of the cached log-partition the stored keys cause and
+  the shift the active correction predicts (``partition``: ``(layer, shift, predicted)``).
 
 :class:`AttentionRecorder` is an *observer*: hand it to a model's ``generate`` (which hands it to
 every layer's :class:`~jbkv_cli.kvcache.ChunkKVCache`), and each cache feeds it every ``every``-th
@@ -30,6 +33,7 @@ from jbkv_cli.attention.correction import (
     jensen_bias,
     taylor_bias,
 )
+from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 
 
 class AttentionObserver(Protocol):
@@ -46,6 +50,7 @@ class AttentionObserver(Protocol):
         cached: CachedKV,
         scale: float,
         correction: Correction,
+        layer: int | None = None,
     ) -> None: ...
 
 
@@ -115,6 +120,8 @@ class AttentionStats:
     p_s_ref: torch.Tensor  # [N] P_S (full precision)
     jsd: torch.Tensor  # [N]
     out_mse: torch.Tensor  # [N]
+    lp_shift: torch.Tensor | None = None  # [N] cached log-partition shift (stored keys)
+    lp_predicted: torch.Tensor | None = None  # [N] the part the active correction predicts
 
 
 def compare_attention(
@@ -136,23 +143,33 @@ def compare_attention(
     k_ref = torch.cat([cached.k_ref.float(), k_cur.float()], -2)
     v_ref = torch.cat([cached.v_ref.float(), v_cur.float()], -2)
     v_hat, v_ref = (_expand_kv_heads(t, q.shape[-3]) for t in (v_hat, v_ref))
-    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    partition = corr.quantizes and cached.k_step is not None
+    parts: list[list[torch.Tensor]] = [[], [], [], [], [], []]
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
-        bias = None
+        added = None
         if cached.k_step is not None and corr.active:
-            bias = corr.sign * jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation)
+            b = jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation, cached.k_var)
+            added = corr.sign * b
         dropped = key_mask(cached, qb.float(), lc)
+        bias = added
         if dropped is not None:
             bias = dropped if bias is None else bias + dropped
-        p_hat = attention_rows(qb, k_hat, scale, bias)
-        p_ref = attention_rows(qb, k_ref, scale)
+        s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
+        if partition:
+            cut = None if dropped is None else dropped[..., :lc]
+            shift, predicted = log_partition_shift(s_hat[..., :lc], s_ref[..., :lc], added, cut)
+            parts[4].append(shift.flatten())
+            parts[5].append(predicted.flatten())
+        if bias is not None:
+            s_hat[..., :lc] += bias
+        p_hat, p_ref = s_hat.softmax(-1), s_ref.softmax(-1)
         o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
         parts[0].append(p_hat[..., :lc].sum(-1).flatten())
         parts[1].append(p_ref[..., :lc].sum(-1).flatten())
         parts[2].append(jsd(p_hat, p_ref).flatten())
         parts[3].append((o_hat - o_ref).square().mean(-1).flatten())
-    return AttentionStats(*(torch.cat(p) for p in parts))
+    return AttentionStats(*(torch.cat(p) if p else None for p in parts))
 
 
 @dataclass
@@ -164,17 +181,28 @@ class AttentionRecorder:
     every: int = 2  # observe every n-th attention call of each layer (per cache)
     stats: list[AttentionStats] = field(default_factory=list)
     noise: list[dict[str, float]] = field(default_factory=list)
+    # per observed call (a block of queries of one layer): (layer, shift, predicted), means
+    # over the block's queries and heads (jbkv_cli.attention.partition); layer -1 if unknown
+    partition: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
 
-    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction) -> None:
+    def observe(
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction, layer=None
+    ) -> None:
         start = time.perf_counter()
-        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction))
+        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction), layer)
         self.seconds += time.perf_counter() - start
 
-    def _observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction) -> None:
+    def _observe(
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction, layer=None
+    ) -> None:
         stride = max(1, -(-q.shape[-2] // self.max_queries))
         qs = q[..., ::stride, :]
-        self.stats.append(compare_attention(qs, k_cur, v_cur, cached, scale, corr))
+        stats = compare_attention(qs, k_cur, v_cur, cached, scale, corr)
+        self.stats.append(stats)
+        if stats.lp_shift is not None:
+            shift, predicted = float(stats.lp_shift.mean()), float(stats.lp_predicted.mean())
+            self.partition.append((-1 if layer is None else int(layer), shift, predicted))
         if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
                 score_noise(
@@ -206,4 +234,6 @@ class AttentionRecorder:
         if self.noise:
             for key in self.noise[0]:
                 out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)
+        if self.partition:
+            out |= partition_summary(self.partition)
         return out

@@ -237,7 +237,7 @@ def generate(
         bool, typer.Option("--correct/--no-correct", help="Apply the Jensen-bias correction.")
     ] = False,
     correction: Annotated[
-        str, typer.Option(help="Correction used by --correct: taylor or exact.")
+        str, typer.Option(help="Correction used by --correct: taylor, exact or signed.")
     ] = "taylor",
     quantizer: Annotated[
         str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")
@@ -281,8 +281,10 @@ def generate(
     bits = 16 if bf16 else bits
     if bits not in (2, 3, 4, 8, 16):
         raise UsageError(f"--bits must be one of 2, 3, 4, 8, 16, got {bits}")
-    if correction not in ("taylor", "exact"):
-        raise UsageError(f"--correction must be taylor or exact, got {shown(correction)}")
+    active = [c for c in CLI_CORRECTIONS if c != "none"]
+    if correction not in active:
+        choices = f"{', '.join(active[:-1])} or {active[-1]}"
+        raise UsageError(f"--correction must be {choices}, got {shown(correction)}")
     if quantizer not in method_names():
         raise UsageError(
             f"--quantizer must be one of {', '.join(method_names())}, got {shown(quantizer)}"

@@ -56,7 +56,7 @@ import torch
 from jbkv_cli.quant.groupwise import pack_codes, quantize_groups, unpack_codes
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.rtn import store_groups
-from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor
+from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
 
 DEFAULT_RESIDUAL = 128
 
@@ -74,6 +74,8 @@ class TokenGroupQuantized(QuantizedTensor):
     group_size: int
     scale: torch.Tensor
     zero: torch.Tensor
+
+    noise_model: ClassVar[str] = ADDITIVE  # uniform rounding per channel: s = +Δ²/12
 
     def stored(self) -> dict[str, torch.Tensor]:
         return {"codes": self.data, "scale": self.scale, "zero": self.zero}
@@ -119,6 +121,7 @@ class KIVI(KVMethod):
         "minimum, newest R tokens exact"
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+    noise_model: ClassVar[str] = ADDITIVE
 
     residual: int = DEFAULT_RESIDUAL
 

@@ -17,7 +17,7 @@ import torch
 
 from jbkv_cli.quant.groupwise import check_group_size
 from jbkv_cli.quant.queries import QueryStats
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
 
 Role = Literal["key", "value"]
 ROLES: tuple[Role, ...] = ("key", "value")
@@ -42,13 +42,17 @@ class KVMethod:
     Class attributes a subclass sets: ``name`` (registry and CLI name, file-safe),
     ``SUPPORTED_BITS``, ``summary`` (one line for help texts and the README), and
     ``needs_queries`` for a method whose ``_quantize(x, role, queries)`` takes the
-    :class:`~jbkv_cli.quant.queries.QueryStats` of the queries attended with so far.
+    :class:`~jbkv_cli.quant.queries.QueryStats` of the queries attended with so far, and
+    ``noise_model``, how its stored keys relate to the true ones (:mod:`jbkv_cli.quant.noise`;
+    the key tensor it returns declares the same next to its ``step``; a method that does not say
+    gets ``additive (assumed)``).
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
     needs_queries: ClassVar[bool] = False
+    noise_model: ClassVar[str] = ASSUMED
 
     bits: int = 2
     group_size: int = 32

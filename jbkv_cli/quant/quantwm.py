@@ -72,7 +72,7 @@ from jbkv_cli.quant.kmeans import (
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rtn import store_groups
-from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor
+from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
 
 BASIS_DTYPE = torch.bfloat16
 NOISE_DTYPE = torch.bfloat16
@@ -184,6 +184,8 @@ class QuantWMTensor(QuantizedTensor):
             }
         return held
 
+    noise_model: ClassVar[str] = ADDITIVE  # the RTN residual's rounding (exact centroids)
+
     @property
     def step(self) -> torch.Tensor:
         """The residual's steps, scaled by ``√ρ_j`` under PSAC (module docstring)."""
@@ -222,6 +224,7 @@ class QuantWM(KVMethod):
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = RTN_BITS
     needs_queries: ClassVar[bool] = True
+    noise_model: ClassVar[str] = ADDITIVE
     qsac: ClassVar[bool] = True
     psac: ClassVar[bool] = True
 

@@ -78,7 +78,7 @@ from jbkv_cli.quant.kmeans import (
     kmeans,
 )
 from jbkv_cli.quant.method import KVMethod, Role
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
 
 
 def symmetric_levels(bits: int) -> int:
@@ -132,6 +132,10 @@ class QVGTensor(QuantizedTensor):
             "centroids": self.centroids,
         }
 
+    # The dead zone (|r| < Δ/2 -> 0) shrinks values to the centroid 0, the outer codes round
+    # outward: both error types at once, so s is measured at commit (jbkv_cli.quant.noise).
+    noise_model: ClassVar[str] = MIXED
+
     @property
     def step(self) -> torch.Tensor:
         return self.scale.float()
@@ -176,6 +180,7 @@ class QVG(KVMethod):
         "symmetric residual codes, FP8 scales per B channels"
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+    noise_model: ClassVar[str] = MIXED
 
     group_size: int = 64
     stages: int = 1
