@@ -25,13 +25,13 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
-    NO_EXCESS_VAR,
+    NO_NOISE_VAR,
     Correction,
     bilinear_channels,
     build_augmented,
@@ -51,8 +51,9 @@ class CachedKV:
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
-    (None: all); attention masks the others. ``k_var`` ``[B, Hkv, Lc, G]``: the keys' excess
-    variance (the signed correction's ``s``, zeros for exact keys; None when not gathered).
+    (None: all); attention masks the others. ``k_var`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
+    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_var``, zeros for
+    exact keys, and ``unshrink``, None for all ones; both None when not gathered).
     """
 
     k: torch.Tensor
@@ -63,6 +64,7 @@ class CachedKV:
     v_ref: torch.Tensor | None = None
     valid: torch.Tensor | None = None
     k_var: torch.Tensor | None = None
+    k_unshrink: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -70,7 +72,17 @@ class CachedKV:
 
     @classmethod
     def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
-        return cls(k.dequantize(), v.dequantize(), k.step, k.rotation, k_var=k.excess_var)
+        kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+        kv.k_var, kv.k_unshrink = k.noise_var, k.unshrink
+        return kv
+
+    def unshrunk(self) -> CachedKV:
+        """The view with ``k`` multiplied by ``k_unshrink`` (itself when there is none): what the
+        signed correction attends with."""
+        if self.k_unshrink is None:
+            return self
+        k = (self.k.float() * self.k_unshrink.to(self.k.device)).to(self.k.dtype)
+        return replace(self, k=k, k_unshrink=None)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None):
@@ -235,7 +247,8 @@ def attend(
 
     ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``signed``, ``none``, or
     ``bias-only``, which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys
-    are concatenated cached-first. ``signed`` reads ``cached.k_var`` (``ValueError`` without it).
+    are concatenated cached-first. ``signed`` reads ``cached.k_var`` (``ValueError`` without it)
+    and ``cached.k_unshrink``.
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
@@ -246,10 +259,10 @@ def attend(
     if cached.k_step is None or not corr.active:
         mask = key_mask(cached, q, cached.num_tokens + k_cur.shape[-2])
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
-    if corr.form == "variance" and (
-        cached.k_var is None or cached.k_var.shape != cached.k_step.shape
-    ):
-        raise ValueError(NO_EXCESS_VAR)
+    if corr.form == "variance":
+        if cached.k_var is None or cached.k_var.shape != cached.k_step.shape:
+            raise ValueError(NO_NOISE_VAR)
+        cached = cached.unshrunk()  # scores u·τ q·k̂ (centroid-type keys), then subtract b
     if corr.form == "exact":
         return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", corr.sign)
     name = backend or _BACKEND.get()

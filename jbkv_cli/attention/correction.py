@@ -29,32 +29,57 @@ log-partition is
 - *Centroid type* (``k = k̂ + e'``, ``e' = −e`` uncorrelated with the stored ``k̂``: Lloyd–Max
   codebooks, k-means centroids, TurboQuant's MSE variant): the same sum written from the stored
   side, ``Δ log Z = −log Σ_i ŵ_i exp(τ q·e'_i)`` with ``ŵ`` the softmax of the stored scores,
-  which do not see ``e'``; so ``Δ log Z ≈ −(τ²/2) qᵀ Var(e) q < 0``: the true partition sum
+  which do not see ``e'``; so ``Δ log Z ≈ −(τ²/2) qᵀ Var(e') q < 0``: the true partition sum
   ``E exp(q·(k̂ + e')) ≥ exp(q·k̂)``, the stored keys *under*-state it, and the variance term must
   be *added*. Subtracting ``b`` doubles the error.
 - *In general* the weights tilt the key distribution along ``q``; to first order in the tilt
   (exact for Gaussian keys by Stein's lemma) ``E_w[q·e] ≈ q·E[e] + τ qᵀ Cov(e, k) q``, and
-  ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so with zero-mean error
+  ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so
 
-      Δ log Z ≈ (τ²/2) qᵀ [Cov(e, k̂) + Cov(e, k)] q = (τ²/2) qᵀ [Var(k̂) − Var(k)] q,
+      Δ log Z ≈ τ q·E[e] + (τ²/2) qᵀ [Cov(e, k̂) + Cov(e, k)] q
+              = τ q·E[e] + (τ²/2) qᵀ [Var(k̂) − Var(k)] q,
 
-  ``+Var(e)`` for additive noise, ``−Var(e)`` for centroid noise, and for a *mixed* quantizer
+  ``+Var(e)`` for additive noise, ``−Var(e')`` for centroid noise, and for a *mixed* quantizer
   (a dead zone shrinks small values to 0, the outer codes round outward) whatever its error
   energy ``‖e‖² = e·k̂ − e·k`` splits into: the additive part ``e·k̂`` and the centroid part
   ``−e·k``.
 
-So ``signed`` subtracts, per cached token ``i``,
+*Why a centroid quantizer needs its gain.* A per-coordinate codebook satisfies the centroid
+condition coordinate by coordinate, not jointly: real keys are correlated across coordinates
+(and have a mean), and then ``Cov(e'_c, k̂_c') ≠ 0`` for ``c ≠ c'``. What holds jointly is its
+regression on the true key: ``E[k̂ | k] = a k`` with ``a = 1 − ρ`` (``ρ`` the relative MSE; for
+TurboQuant exact over its random rotation, :mod:`jbkv_cli.quant.turboquant`), i.e.
+``k̂ = a k + n`` with ``n`` independent of ``k``. Then ``u k̂ = k + n/a`` (``u = 1/a``) is
+additive again, and
 
-    signed:  b_i = (τ²/2) Σ_j s_ij ‖q_j‖²,     s_ij = Var(k̂) − Var(k) per channel of group j
+    log Σ_i exp(u τ q·k̂_i − (τ²/2) qᵀ Var(n/a) q) ≈ log Σ_i exp(τ q·k_i)
 
-with ``s`` (``excess_var``) from the method's declared noise model (:mod:`jbkv_cli.quant.noise`):
-``+Δ²/12`` for additive noise (then ``signed`` *is* ``taylor``, bit for bit), ``−Var`` of the
-cell for centroid noise (TurboQuant-MSE: from its codebook and stored norms, nothing extra
-stored), and for mixed noise measured when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)``
-per chunk, head and group, FP8, counted in the bytes; ``s_ij = κ_j Δ_ij²/12``). It is a bilinear
-form, like taylor: the fused kernel carries it in the same ``G`` extra channels. Not corrected:
-the first-order term ``τ q·E[e]`` of a biased quantizer, and terms beyond second order (the
-diagnostics measure what is left: :mod:`jbkv_cli.attention.partition`).
+for *any* key covariance and mean. Check on isotropic keys (``Var(k) = σ²I``, mean score
+``μ``, ``V = τ²σ²‖q‖²``): the true scores have variance ``V``, the stored ones ``ŝ = a s + m``
+have ``(1 − ρ)²V + ρ(1 − ρ)V = (1 − ρ)V``, so ``Δ log Z ≈ −ρμ − ρV/2``; the corrected scores
+``u ŝ − ρV/(2(1 − ρ))`` have mean ``μ − ρV/(2(1 − ρ))`` and variance ``V/(1 − ρ)``, i.e. the
+log-partition of the true ones: for zero-mean keys the correction *adds* ``ρV/2 = (τ²/2) qᵀ
+Var(e') q``, the centroid case above. For keys whose variance is concentrated along ``q`` the
+shift is ``−ρ(2 − ρ)(τ²/2) qᵀ Var(k) q`` (plus the mean term ``−ρ τ q·E[k]``), which a
+per-channel variance cannot express (on the embedded model's keys, TurboQuant-MSE at INT2:
+measured shift −0.40, this model −0.41, the per-coordinate cell variance alone −0.10;
+``docs/corrections.md``).
+
+So ``signed`` scores every cached key as
+
+    signed:  u_i τ q·k̂_i − b_i,    b_i = (τ²/2) Σ_j v_ij ‖q_j‖²
+
+with ``u`` (``unshrink``) and ``v`` (``noise_var``, the variance of ``u k̂ − k`` per channel of
+group ``j``) from the method's declared noise model (:mod:`jbkv_cli.quant.noise`): ``u = 1``,
+``v = Δ²/12`` for additive noise (then ``signed`` *is* ``taylor``, bit for bit); ``u = 1/(1 −
+ρ)``, ``v = ρ/(1 − ρ)·‖k‖²/d`` for centroid noise (TurboQuant-MSE: from its codebook and stored
+norms, nothing extra stored); and for mixed noise ``u = 1`` and the excess variance measured
+when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)`` per chunk, head and group, FP8,
+counted in the bytes; ``v_ij = κ_j Δ_ij²/12``, negative where the centroid part wins). Both
+terms are bilinear in ``(q, k̂)``: the fused kernel carries ``b`` in the same ``G`` extra
+channels as taylor and ``u`` as a scale of the cached keys. Not corrected: the first-order
+term ``τ q·E[e]`` of a biased additive quantizer, and terms beyond second order (the diagnostics
+measure what is left: :mod:`jbkv_cli.attention.partition`).
 
 Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correction`:
 
@@ -62,7 +87,7 @@ Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correctio
 - ``taylor`` (default): subtract the second-order bias; a bilinear form, so it rides inside any
   attention kernel as extra channels (:func:`augment_taylor`).
 - ``exact``: subtract ``Σ_c log(sinh α/α)``.
-- ``signed``: subtract ``(τ²/2) Σ_j s_ij ‖q_j‖²`` (above; the same fused form as taylor).
+- ``signed``: ``u τ q·k̂ − (τ²/2) Σ_j v_ij ‖q_j‖²`` (above; the same fused form as taylor).
 - ``bias-only`` (an ablation): keep the cache in full precision but *add* the exact bias the
   method's steps predict, isolating the Jensen bias from the rounding noise.
 """
@@ -163,19 +188,19 @@ def taylor_bias(
 
 
 def variance_bias(
-    q: torch.Tensor, excess_var: torch.Tensor, scale: float, rotation=None
+    q: torch.Tensor, noise_var: torch.Tensor, scale: float, rotation=None
 ) -> torch.Tensor:
     """``b_i = (τ²/2) Σ_j s_ij ‖q_j‖²``: ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq,
     Lk]`` (the signed correction; ``s`` may be negative, then ``b`` is)."""
-    qn2 = group_sq_norms(q, excess_var.shape[-1], rotation)
-    s = _expand_kv_heads(excess_var.float(), q.shape[-3])
+    qn2 = group_sq_norms(q, noise_var.shape[-1], rotation)
+    s = _expand_kv_heads(noise_var.float(), q.shape[-3])
     return (0.5 * scale * scale) * (qn2 @ s.transpose(-1, -2))
 
 
 def bilinear_channels(
     form: str,
     step: torch.Tensor,
-    excess_var: torch.Tensor | None,
+    noise_var: torch.Tensor | None,
     scale: float,
     sign: float = -1.0,
 ) -> torch.Tensor:
@@ -184,13 +209,13 @@ def bilinear_channels(
     if form == "taylor":
         return (sign * scale / 24.0) * step.float().square()
     if form == "variance":
-        if excess_var is None:
-            raise ValueError(NO_EXCESS_VAR)
-        return (sign * scale / 2.0) * excess_var.float()
+        if noise_var is None:
+            raise ValueError(NO_NOISE_VAR)
+        return (sign * scale / 2.0) * noise_var.float()
     raise ValueError(f"{form!r} is not a bilinear correction (taylor, variance)")
 
 
-NO_EXCESS_VAR = (
+NO_NOISE_VAR = (
     "the signed correction needs every quantized cached key's excess variance; a method with "
     "mixed noise has it only when stored through a cache with the signed correction "
     "(jbkv_cli.quant.noise.measure_noise)"
@@ -297,11 +322,11 @@ def jensen_bias(
     scale: float,
     method: str = "taylor",
     rotation: RandomHadamard | None = None,
-    excess_var: torch.Tensor | None = None,
+    noise_var: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
     -> ``[..., Hq, Lq, Lk]``; ``method`` is a form: ``taylor``, ``exact``, ``variance`` (the
-    signed correction, which reads ``excess_var`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
+    signed correction, which reads ``noise_var`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
     if method not in FORMS:
         raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
@@ -313,9 +338,9 @@ def jensen_bias(
     if method == "exact":
         return exact_bias(q, step, scale, rotation)
     if method == "variance":
-        if excess_var is None:
-            raise ValueError(NO_EXCESS_VAR)
-        return variance_bias(q, excess_var, scale, rotation)
+        if noise_var is None:
+            raise ValueError(NO_NOISE_VAR)
+        return variance_bias(q, noise_var, scale, rotation)
     shape = (*q.shape[:-1], step.shape[-2])
     return torch.zeros(shape, dtype=torch.float32, device=q.device)
 

@@ -147,15 +147,18 @@ def compare_attention(
     parts: list[list[torch.Tensor]] = [[], [], [], [], [], []]
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
+        s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
         added = None
         if cached.k_step is not None and corr.active:
             b = jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation, cached.k_var)
             added = corr.sign * b
+            if corr.form == "variance" and cached.k_unshrink is not None:  # u·ŝ − b
+                u = _expand_kv_heads(cached.k_unshrink.float(), q.shape[-3]).transpose(-1, -2)
+                added = added + (u - 1) * s_hat[..., :lc]
         dropped = key_mask(cached, qb.float(), lc)
         bias = added
         if dropped is not None:
             bias = dropped if bias is None else bias + dropped
-        s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
         if partition:
             cut = None if dropped is None else dropped[..., :lc]
             shift, predicted = log_partition_shift(s_hat[..., :lc], s_ref[..., :lc], added, cut)

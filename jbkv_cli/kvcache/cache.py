@@ -47,7 +47,14 @@ from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MIXED, measure_noise
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import QuantizedTensor, RawTensor, Segmented, zero_steps, zero_var
+from jbkv_cli.quant.tensor import (
+    QuantizedTensor,
+    RawTensor,
+    Segmented,
+    unit_unshrink,
+    zero_noise_var,
+    zero_steps,
+)
 
 
 @dataclass
@@ -316,8 +323,10 @@ class ChunkKVCache:
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
         if step is not None and self._signed:
-            excess = [zero_var(t, groups) for t in keys]
-            view.k_var = None if any(s is None for s in excess) else torch.cat(excess, dim=-2)
+            var = [zero_noise_var(t, groups) for t in keys]
+            view.k_var = None if any(s is None for s in var) else torch.cat(var, dim=-2)
+            if any(t.unshrink is not None for t in keys):
+                view.k_unshrink = torch.cat([unit_unshrink(t) for t in keys], dim=-2)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
@@ -334,16 +343,17 @@ class ChunkKVCache:
             keys = c.sides["key"].stored(groups)
             valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=c.device)
             k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
-            excess = zero_var(keys, groups) if self._signed else None
-            parts.append((k, v, zero_steps(keys, groups), keys.rotation, excess, valid))
-        k, v, steps, rotations, excess, valid = zip(*parts, strict=True)
+            var = (zero_noise_var(keys, groups), unit_unshrink(keys)) if self._signed else None
+            parts.append((k, v, zero_steps(keys, groups), keys.rotation, var, valid))
+        k, v, steps, rotations, noise, valid = zip(*parts, strict=True)
         quantized = self.spec.key is not None and self.spec.quantized
         step = torch.cat(steps, dim=-2) if quantized else None
         rotation = next((r for r in rotations if r is not None), None)
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
         view.valid = torch.cat(valid, dim=-1)
-        if step is not None and self._signed and all(s is not None for s in excess):
-            view.k_var = torch.cat(excess, dim=-2)
+        if step is not None and self._signed and all(n[0] is not None for n in noise):
+            view.k_var = torch.cat([n[0] for n in noise], dim=-2)
+            view.k_unshrink = torch.cat([n[1] for n in noise], dim=-2)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)

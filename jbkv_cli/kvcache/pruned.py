@@ -20,7 +20,13 @@ from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MeasuredNoise
 from jbkv_cli.quant.qvg import QVGTensor
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor, RawTensor, zero_var
+from jbkv_cli.quant.tensor import (
+    GroupQuantized,
+    QuantizedTensor,
+    RawTensor,
+    unit_unshrink,
+    zero_noise_var,
+)
 from jbkv_cli.quant.turboquant import TurboQuantMSETensor, TurboQuantProdTensor
 
 Store = Callable[[Role, torch.Tensor], QuantizedTensor]
@@ -155,18 +161,17 @@ class PrunedChunk:
         return [sum(row[h].nbytes for row in self.lanes) for h in range(self.shape[1])]
 
     def dense(
-        self, groups: int, excess: bool = False
-    ) -> tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None, torch.Tensor | None
-    ]:
-        """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation, var)``: the kept
-        tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones);
-        ``var`` the keys' excess variance laid out like ``step`` when ``excess`` (None when not
-        asked, or when a lane cannot say)."""
+        self, groups: int, noise: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None, tuple | None]:
+        """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation, noise)``: the
+        kept tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones);
+        ``noise`` (when asked, else None) the keys' ``(noise_var, unshrink)`` laid out the same
+        way (zeros and ones elsewhere), or ``(None, None)`` when a lane cannot say."""
         k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         v = torch.zeros_like(k)
         step = torch.zeros((*self.shape[:-1], groups), dtype=torch.float32, device=self.device)
-        var = torch.zeros_like(step) if excess else None
+        var = torch.zeros_like(step) if noise else None
+        unshrink = torch.ones_like(step[..., :1]) if noise else None
         rotation = None
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
@@ -178,9 +183,12 @@ class PrunedChunk:
                 if lane.k.step is not None:
                     step[b, h, pos] = lane.k.step.to(self.device)
                     rotation = rotation or lane.k.rotation
-                lane_var = zero_var(lane.k, groups) if var is not None else None
-                if var is not None and lane_var is None:
+                if not noise:
+                    continue
+                lane_var = zero_noise_var(lane.k, groups)
+                if lane_var is None or var is None:
                     var = None  # mixed noise not measured: the signed correction refuses
-                elif var is not None:
-                    var[b, h, pos] = lane_var.to(self.device)
-        return k, v, step, rotation, var
+                    continue
+                var[b, h, pos] = lane_var.to(self.device)
+                unshrink[b, h, pos] = unit_unshrink(lane.k).to(self.device)
+        return k, v, step, rotation, (var, unshrink) if noise else None

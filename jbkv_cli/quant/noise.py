@@ -1,27 +1,36 @@
 """Noise models: how a method's stored key ``k̂`` relates to the true key ``k``.
 
-The ``signed`` correction (:mod:`jbkv_cli.attention.correction`, where the derivation is) needs,
-per cached token ``i`` and channel group ``j``, the *excess variance*
+The ``signed`` correction (:mod:`jbkv_cli.attention.correction`, where the derivation is) reads
+each stored key through the linear model
 
-    s_ij = Var(k̂) − Var(k)    per channel of group j    (= Cov(e, k̂) + Cov(e, k), e = k̂ − k)
+    k̂ = a k + n,    n independent of k,    a ≤ 1 the gain (shrinkage), n zero-mean
 
-in the basis the method quantized in. Each stored tensor declares which model its error follows
-(``QuantizedTensor.noise_model``, next to its ``step``) and derives ``s`` from what it stores:
+as two tensors the stored tensor gives next to its ``step``: ``unshrink`` ``u = 1/a``
+(``[..., L, 1]``, None for 1) and ``noise_var`` ``v``, the variance per channel of ``u k̂ − k``
+per token and group (``[..., L, G]``, in the basis the method quantized in). Each tensor declares
+which model its error follows (``QuantizedTensor.noise_model``) and derives ``(u, v)`` from what
+it stores:
 
 - ``additive``: ``k̂ = k + e`` with ``e`` independent of ``k`` (uniform rounding on a fine grid,
-  an unbiased sketch): ``Cov(e, k) = 0``, ``s = +Var(e)`` (``Δ²/12`` for a uniform step ``Δ``).
+  an unbiased sketch): ``Cov(e, k) = 0``; ``u = 1``, ``v = Var(e)`` (``Δ²/12`` for a uniform
+  step ``Δ``).
 - ``centroid``: ``k = k̂ + e'`` with ``e'`` uncorrelated with ``k̂`` (Lloyd–Max / k-means
-  centroids): ``Cov(e, k̂) = 0``, ``s = −Var(e)``.
+  centroids): ``Cov(e, k̂) = 0``. Its regression on the true key is a shrinkage: with relative
+  MSE ``ρ = E‖e'‖² / E‖k‖²``, ``E[k̂ | k] = (1 − ρ) k`` (exact over TurboQuant's random
+  rotation), so ``a = 1 − ρ`` and ``n`` carries ``ρ(1 − ρ)`` of the key energy: ``u = 1/(1 − ρ)``,
+  ``v = ρ/(1 − ρ) · ‖k‖²/d`` (TurboQuant-MSE: ``ρ`` of its codebook, ``‖k‖`` stored).
 - ``mixed``: both at once (a dead-zone grid: values near 0 shrink to the centroid 0, the others
-  round outward). ``s`` is measured when the chunk is stored (:func:`measure_noise`): per chunk,
-  (batch, head) and group, ``κ_j = s_j / mean_i(Δ_ij²/12)``, kept as FP8 E4M3 and counted in the
-  bytes, so ``s_ij = κ_j Δ_ij²/12``.
+  round outward). Measured when the chunk is stored (:func:`measure_noise`): the excess variance
+  ``s_j = Var(k̂) − Var(k)`` per chunk, (batch, head) and group, kept as ``κ_j = s_j /
+  mean_i(Δ_ij²/12)`` in FP8 E4M3 and counted in the bytes; ``u = 1``, ``v_ij = κ_j Δ_ij²/12``
+  (an effective variance, negative where the centroid part wins).
 - ``additive (assumed)``: a method that does not declare its model gets today's additive one,
   labelled so.
 
 :func:`error_covariances` classifies a method from its stored tensors: per group,
 ``Cov(e, k)`` and ``Cov(e, k̂)`` over tokens (channel by channel, then averaged), as fractions of
-``Var(e)`` (the two differ by exactly 1): additive ≈ (0, 1), centroid ≈ (−1, 0).
+``Var(e)`` (the two differ by exactly 1): additive ≈ (0, 1), centroid ≈ (−1, 0); their sum is
+the excess variance ``s = Var(k̂) − Var(k)``.
 """
 
 from __future__ import annotations
@@ -96,8 +105,12 @@ class MeasuredNoise(QuantizedTensor):
         return self.inner.step
 
     @property
-    def excess_var(self) -> torch.Tensor:
+    def noise_var(self) -> torch.Tensor:
         return self.kappa.float() * self.inner.step.square() / 12
+
+    @property
+    def unshrink(self) -> torch.Tensor | None:
+        return self.inner.unshrink
 
 
 @dataclass(frozen=True)

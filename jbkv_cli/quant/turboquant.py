@@ -23,18 +23,23 @@ Storage (counted from the stored tensors): ``b + 16/d`` bits per element (MSE: c
 ``b + 32/d`` (prod: codes + signs + two norms); 2.25 and 2.5 at INT2 on a head dim of 64.
 
 Noise models (next to ``step``, see :mod:`jbkv_cli.quant.noise`), in the rotated basis
-(``rotation`` is ``Π``, so the correction uses ``Π q``):
+(``rotation`` is ``Π``, so the correction uses ``Π q``); nothing extra is stored for them:
 
-- MSE: the Lloyd–Max centroid condition makes the error uncorrelated with the stored value
-  (**centroid** type). Coordinate ``c`` of token ``i`` has the variance of its cell,
-  ``σ²_ic = n_i² · Var(Y | idx_ic)`` (from the codebook; nothing extra stored), so
-  ``excess_var = −mean_{c∈j} σ²_ic`` per group ``j`` of ``group_size`` coordinates.
+- MSE: the Lloyd–Max centroid condition makes each coordinate's error uncorrelated with its
+  stored value (**centroid** type): coordinate ``c`` of token ``i`` keeps the variance of its
+  cell, ``σ²_ic = n_i² · Var(Y | idx_ic)`` (from the codebook). Over the random rotation the
+  quantizer shrinks: ``E[x̂ | x] = (1 − ρ) x`` with ``ρ = d · E[(Y − c(Y))²]`` the codebook's
+  relative MSE (0.115 at 2 bits, d = 64; by symmetry ``E_Π[x̂]`` is parallel to ``x``, with
+  ``E[c(Y) Y] = E[c(Y)²] = 1/d − mse``); so ``unshrink = 1/(1 − ρ)`` and ``noise_var =
+  ρ/(1 − ρ) · n_i²/d`` (:mod:`jbkv_cli.attention.correction` for why the signed correction
+  needs the gain).
 - prod: ``x̂ − x = r̃ − r`` has mean 0 given ``x`` (**additive**), covariance
   ``(γ²/d)((π/2) I − r̂ r̂ᵀ)``; its average diagonal ``σ² = (γ²/d)(π/2 − 1/d)`` is every
-  coordinate's ``excess_var`` (the ``r̂ r̂ᵀ`` term is spread evenly: jbkv does not store ``r̂``).
+  coordinate's ``noise_var`` (the ``r̂ r̂ᵀ`` term is spread evenly: jbkv does not store ``r̂``).
 
-``step`` reports the uniform step with the same variance, ``√(12 σ²)``, so ``taylor`` and
-``exact`` (uniform-noise forms) and the noise-model diagnostics run on TurboQuant unchanged.
+``step`` reports the uniform step with the error's variance per group, ``√(12 σ²_j)`` (MSE:
+``σ²_j`` the mean cell variance of the group), so ``taylor`` and ``exact`` (uniform-noise forms)
+and the noise-model diagnostics run on TurboQuant unchanged.
 
 Choices where the paper leaves room, and why this is "after TurboQuant":
 
@@ -167,8 +172,21 @@ class TurboQuantMSETensor(QuantizedTensor):
         return (12 * self._group_var()).sqrt()
 
     @property
-    def excess_var(self) -> torch.Tensor:
-        return -self._group_var()
+    def relative_mse(self) -> float:
+        """``ρ = d · E[(Y − c(Y))²]``: the codebook's MSE relative to ``‖x‖²``."""
+        return self.shape[-1] * self.codebook.mse
+
+    @property
+    def unshrink(self) -> torch.Tensor:
+        """``1/(1 − ρ)`` per token ``[..., L, 1]``: ``E[x̂ | x] = (1 − ρ) x`` (module docstring)."""
+        return torch.full_like(self.norm, 1.0 / (1.0 - self.relative_mse), dtype=torch.float32)
+
+    @property
+    def noise_var(self) -> torch.Tensor:
+        """``ρ/(1 − ρ) · n_i²/d`` per coordinate: the variance of the unshrunk key's noise."""
+        rho, d = self.relative_mse, self.shape[-1]
+        var = self.norm.float().square() * (rho / (1.0 - rho) / d)  # [..., L, 1]
+        return var.expand(*var.shape[:-1], d // self.group_size)
 
     def dequantize(self) -> torch.Tensor:
         return self.rotation.unrotate(self.rotated_mse()).to(self.dtype)
@@ -192,7 +210,11 @@ class TurboQuantProdTensor(TurboQuantMSETensor):
         return var.expand(*var.shape[:-1], d // self.group_size)
 
     @property
-    def excess_var(self) -> torch.Tensor:
+    def unshrink(self) -> None:
+        return None  # unbiased: a = 1
+
+    @property
+    def noise_var(self) -> torch.Tensor:
         return self._group_var()
 
     def sketch_estimate(self) -> torch.Tensor:
