@@ -52,7 +52,7 @@ class CachedKV:
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
     (None: all); attention masks the others. ``k_var`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
-    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_var``, zeros for
+    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, zeros for
     exact keys, and ``unshrink``, None for all ones; both None when not gathered).
     """
 
@@ -73,7 +73,7 @@ class CachedKV:
     @classmethod
     def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
         kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
-        kv.k_var, kv.k_unshrink = k.noise_var, k.unshrink
+        kv.k_var, kv.k_unshrink = k.noise_step2, k.unshrink
         return kv
 
     def unshrunk(self) -> CachedKV:
@@ -164,8 +164,8 @@ def _flex(
     qn2 = group_sq_norms(q, groups, cached.rotation)  # [B, Hq, Lq, G]
     if form == "taylor":  # bias = coef Σ_j ‖q_j‖² d2_ij
         d2, coef = cached.k_step.float().square(), sign * scale * scale / 24.0  # [B, Hkv, Lc, G]
-    else:  # the signed correction (attend checked k_var)
-        d2, coef = cached.k_var.float(), sign * scale * scale / 2.0
+    else:  # the signed correction (attend checked k_var): w = 12 v, in units of a step²
+        d2, coef = cached.k_var.float(), sign * scale * scale / 24.0
     lc = cached.num_tokens
     drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
     if cached.valid is not None:

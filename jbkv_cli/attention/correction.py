@@ -67,11 +67,12 @@ measured shift −0.40, this model −0.41, the per-coordinate cell variance alo
 
 So ``signed`` scores every cached key as
 
-    signed:  u_i τ q·k̂_i − b_i,    b_i = (τ²/2) Σ_j v_ij ‖q_j‖²
+    signed:  u_i τ q·k̂_i − b_i,    b_i = (τ²/2) Σ_j v_ij ‖q_j‖² = (τ²/24) Σ_j w_ij ‖q_j‖²
 
-with ``u`` (``unshrink``) and ``v`` (``noise_var``, the variance of ``u k̂ − k`` per channel of
-group ``j``) from the method's declared noise model (:mod:`jbkv_cli.quant.noise`): ``u = 1``,
-``v = Δ²/12`` for additive noise (then ``signed`` *is* ``taylor``, bit for bit); ``u = 1/(1 −
+with ``u`` (``unshrink``) and ``v``, the variance of ``u k̂ − k`` per channel of group ``j``,
+carried as ``w = 12 v`` (``noise_step2``, in units of a uniform step²) from the method's
+declared noise model (:mod:`jbkv_cli.quant.noise`): ``u = 1``, ``w = Δ²`` for additive noise
+(then ``signed`` *is* ``taylor``, operation for operation, so bit for bit); ``u = 1/(1 −
 ρ)``, ``v = ρ/(1 − ρ)·‖k‖²/d`` for centroid noise (TurboQuant-MSE: from its codebook and stored
 norms, nothing extra stored); and for mixed noise ``u = 1`` and the excess variance measured
 when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)`` per chunk, head and group, FP8,
@@ -188,30 +189,33 @@ def taylor_bias(
 
 
 def variance_bias(
-    q: torch.Tensor, noise_var: torch.Tensor, scale: float, rotation=None
+    q: torch.Tensor, noise_step2: torch.Tensor, scale: float, rotation=None
 ) -> torch.Tensor:
-    """``b_i = (τ²/2) Σ_j s_ij ‖q_j‖²``: ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq,
-    Lk]`` (the signed correction; ``s`` may be negative, then ``b`` is)."""
-    qn2 = group_sq_norms(q, noise_var.shape[-1], rotation)
-    s = _expand_kv_heads(noise_var.float(), q.shape[-3])
-    return (0.5 * scale * scale) * (qn2 @ s.transpose(-1, -2))
+    """``b_i = (τ²/2) Σ_j v_ij ‖q_j‖² = (τ²/24) Σ_j w_ij ‖q_j‖²`` (``w = 12 v``, the keys'
+    ``noise_step2``): ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq, Lk]`` (the signed
+    correction's variance term; ``w`` may be negative, then ``b`` is). With ``w = Δ²`` it is
+    :func:`taylor_bias`, operation for operation."""
+    qn2 = group_sq_norms(q, noise_step2.shape[-1], rotation)
+    w = _expand_kv_heads(noise_step2.float(), q.shape[-3])
+    return (scale * scale / 24.0) * (qn2 @ w.transpose(-1, -2))
 
 
 def bilinear_channels(
     form: str,
     step: torch.Tensor,
-    noise_var: torch.Tensor | None,
+    noise_step2: torch.Tensor | None,
     scale: float,
     sign: float = -1.0,
 ) -> torch.Tensor:
     """The extra key channels ``[..., Lc, G]`` of a bilinear correction: ``τ q'·k'`` gains
-    ``τ Σ_j ‖q_j‖² c_ij`` with ``c = sign·(τ/24)·Δ²`` (taylor) or ``sign·(τ/2)·s`` (signed)."""
+    ``τ Σ_j ‖q_j‖² c_ij`` with ``c = sign·(τ/24)·Δ²`` (taylor) or ``sign·(τ/24)·w`` (signed,
+    ``w`` the keys' ``noise_step2``: ``Δ²`` for additive noise, so the same channels)."""
     if form == "taylor":
         return (sign * scale / 24.0) * step.float().square()
     if form == "variance":
-        if noise_var is None:
+        if noise_step2 is None:
             raise ValueError(NO_NOISE_VAR)
-        return (sign * scale / 2.0) * noise_var.float()
+        return (sign * scale / 24.0) * noise_step2.float()
     raise ValueError(f"{form!r} is not a bilinear correction (taylor, variance)")
 
 
@@ -322,11 +326,11 @@ def jensen_bias(
     scale: float,
     method: str = "taylor",
     rotation: RandomHadamard | None = None,
-    noise_var: torch.Tensor | None = None,
+    noise_step2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
     -> ``[..., Hq, Lq, Lk]``; ``method`` is a form: ``taylor``, ``exact``, ``variance`` (the
-    signed correction, which reads ``noise_var`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
+    signed correction, which reads ``noise_step2`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
     if method not in FORMS:
         raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
@@ -338,9 +342,9 @@ def jensen_bias(
     if method == "exact":
         return exact_bias(q, step, scale, rotation)
     if method == "variance":
-        if noise_var is None:
+        if noise_step2 is None:
             raise ValueError(NO_NOISE_VAR)
-        return variance_bias(q, noise_var, scale, rotation)
+        return variance_bias(q, noise_step2, scale, rotation)
     shape = (*q.shape[:-1], step.shape[-2])
     return torch.zeros(shape, dtype=torch.float32, device=q.device)
 

@@ -52,7 +52,7 @@ from jbkv_cli.quant.tensor import (
     RawTensor,
     Segmented,
     unit_unshrink,
-    zero_noise_var,
+    zero_noise_step2,
     zero_steps,
 )
 
@@ -323,7 +323,7 @@ class ChunkKVCache:
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
         if step is not None and self._signed:
-            var = [zero_noise_var(t, groups) for t in keys]
+            var = [zero_noise_step2(t, groups) for t in keys]
             view.k_var = None if any(s is None for s in var) else torch.cat(var, dim=-2)
             if any(t.unshrink is not None for t in keys):
                 view.k_unshrink = torch.cat([unit_unshrink(t) for t in keys], dim=-2)
@@ -343,7 +343,7 @@ class ChunkKVCache:
             keys = c.sides["key"].stored(groups)
             valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=c.device)
             k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
-            var = (zero_noise_var(keys, groups), unit_unshrink(keys)) if self._signed else None
+            var = (zero_noise_step2(keys, groups), unit_unshrink(keys)) if self._signed else None
             parts.append((k, v, zero_steps(keys, groups), keys.rotation, var, valid))
         k, v, steps, rotations, noise, valid = zip(*parts, strict=True)
         quantized = self.spec.key is not None and self.spec.quantized

@@ -25,7 +25,7 @@ from jbkv_cli.quant.tensor import (
     QuantizedTensor,
     RawTensor,
     unit_unshrink,
-    zero_noise_var,
+    zero_noise_step2,
 )
 from jbkv_cli.quant.turboquant import TurboQuantMSETensor, TurboQuantProdTensor
 
@@ -165,7 +165,7 @@ class PrunedChunk:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None, tuple | None]:
         """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation, noise)``: the
         kept tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones);
-        ``noise`` (when asked, else None) the keys' ``(noise_var, unshrink)`` laid out the same
+        ``noise`` (when asked, else None) the keys' ``(noise_step2, unshrink)`` laid out the same
         way (zeros and ones elsewhere), or ``(None, None)`` when a lane cannot say."""
         k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         v = torch.zeros_like(k)
@@ -185,7 +185,7 @@ class PrunedChunk:
                     rotation = rotation or lane.k.rotation
                 if not noise:
                     continue
-                lane_var = zero_noise_var(lane.k, groups)
+                lane_var = zero_noise_step2(lane.k, groups)
                 if lane_var is None or var is None:
                     var = None  # mixed noise not measured: the signed correction refuses
                     continue

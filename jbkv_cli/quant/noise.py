@@ -6,14 +6,15 @@ each stored key through the linear model
     k̂ = a k + n,    n independent of k,    a ≤ 1 the gain (shrinkage), n zero-mean
 
 as two tensors the stored tensor gives next to its ``step``: ``unshrink`` ``u = 1/a``
-(``[..., L, 1]``, None for 1) and ``noise_var`` ``v``, the variance per channel of ``u k̂ − k``
-per token and group (``[..., L, G]``, in the basis the method quantized in). Each tensor declares
+(``[..., L, 1]``, None for 1) and ``noise_step2`` ``w = 12 v``, ``v`` the variance per channel
+of ``u k̂ − k`` per token and group (``[..., L, G]``, in the basis the method quantized in; in
+units of a uniform step², so additive noise gives exactly ``Δ²``). Each tensor declares
 which model its error follows (``QuantizedTensor.noise_model``) and derives ``(u, v)`` from what
 it stores:
 
 - ``additive``: ``k̂ = k + e`` with ``e`` independent of ``k`` (uniform rounding on a fine grid,
   an unbiased sketch): ``Cov(e, k) = 0``; ``u = 1``, ``v = Var(e)`` (``Δ²/12`` for a uniform
-  step ``Δ``).
+  step ``Δ``: ``w = Δ²``).
 - ``centroid``: ``k = k̂ + e'`` with ``e'`` uncorrelated with ``k̂`` (Lloyd–Max / k-means
   centroids): ``Cov(e, k̂) = 0``. Its regression on the true key is a shrinkage: with relative
   MSE ``ρ = E‖e'‖² / E‖k‖²``, ``E[k̂ | k] = (1 − ρ) k`` (exact over TurboQuant's random
@@ -23,7 +24,7 @@ it stores:
   round outward). Measured when the chunk is stored (:func:`measure_noise`): the excess variance
   ``s_j = Var(k̂) − Var(k)`` per chunk, (batch, head) and group, kept as ``κ_j = s_j /
   mean_i(Δ_ij²/12)`` in FP8 E4M3 and counted in the bytes; ``u = 1``, ``v_ij = κ_j Δ_ij²/12``
-  (an effective variance, negative where the centroid part wins).
+  (``w = κ_j Δ_ij²``; an effective variance, negative where the centroid part wins).
 - ``additive (assumed)``: a method that does not declare its model gets today's additive one,
   labelled so.
 
@@ -105,8 +106,8 @@ class MeasuredNoise(QuantizedTensor):
         return self.inner.step
 
     @property
-    def noise_var(self) -> torch.Tensor:
-        return self.kappa.float() * self.inner.step.square() / 12
+    def noise_step2(self) -> torch.Tensor:
+        return self.kappa.float() * self.inner.step.square()
 
     @property
     def unshrink(self) -> torch.Tensor | None:

@@ -11,8 +11,9 @@ reads) and ``step``, the noise model the Jensen-bias correction needs:
 so the bias is ``b_i = (τ²/24) Σ_j Δ_ij² ‖(R q)_j‖²`` for every method alike. Next to ``step``
 each tensor declares its ``noise_model`` (:mod:`jbkv_cli.quant.noise`: additive, centroid or
 mixed; undeclared: ``additive (assumed)``) and from it what the ``signed`` correction reads:
-``unshrink`` (``1/a`` for a stored key that is ``a·k`` plus noise; None: 1) and ``noise_var``
-(the variance of that noise after unshrinking, ``Δ²/12`` for additive noise). A method whose
+``unshrink`` (``1/a`` for a stored key that is ``a·k`` plus noise; None: 1) and ``noise_step2``
+(``12 ×`` the variance of that noise after unshrinking: the squared step of uniform noise with
+that variance, ``Δ²`` for additive noise, so the signed correction is then taylor exactly). A method whose
 groups run along tokens (KIVI's per-channel keys) reports ``G = D``; a residual quantizer (QVG)
 reports its residual's steps (its centroids are stored exactly); tokens kept in full precision
 report 0. Subclasses: :class:`RawTensor` (full precision), :class:`GroupQuantized` (group-wise
@@ -65,17 +66,18 @@ class QuantizedTensor:
         return None
 
     @property
-    def noise_var(self) -> torch.Tensor | None:
-        """``v_ij``: per token and group ``[..., L, G]`` (float32, basis of ``step``) the variance
-        per channel of ``u k̂ − k``, from the declared ``noise_model``: ``Δ²/12`` for additive
-        noise. None for exact storage and for mixed noise that was not measured
-        (:func:`~jbkv_cli.quant.noise.measure_noise`); a centroid-type tensor overrides it."""
+    def noise_step2(self) -> torch.Tensor | None:
+        """``w_ij = 12 v_ij`` per token and group ``[..., L, G]`` (float32, basis of ``step``),
+        ``v`` the variance per channel of ``u k̂ − k``, from the declared ``noise_model``:
+        ``Δ²`` for additive noise. None for exact storage and for mixed noise that was not
+        measured (:func:`~jbkv_cli.quant.noise.measure_noise`); a centroid-type tensor
+        overrides it."""
         step = self.step
         if step is None or self.noise_model == MIXED:
             return None
         if self.noise_model not in (ADDITIVE, ASSUMED):
-            raise NotImplementedError(f"{type(self).__name__} must give its {self.noise_model} v")
-        return step.float().square() / 12
+            raise NotImplementedError(f"{type(self).__name__} must give its {self.noise_model} w")
+        return step.float().square()
 
     @property
     def quantized(self) -> bool:
@@ -181,10 +183,10 @@ class Segmented(QuantizedTensor):
         return next((p.noise_model for p in self.parts if p.quantized), ASSUMED)
 
     @property
-    def noise_var(self) -> torch.Tensor | None:
+    def noise_step2(self) -> torch.Tensor | None:
         if not any(p.quantized for p in self.parts):
             return None
-        parts = [zero_noise_var(p, self.groups) for p in self.parts]
+        parts = [zero_noise_step2(p, self.groups) for p in self.parts]
         return None if any(p is None for p in parts) else torch.cat(parts, dim=-2)
 
     @property
@@ -194,12 +196,12 @@ class Segmented(QuantizedTensor):
         return torch.cat([unit_unshrink(p) for p in self.parts], dim=-2)
 
 
-def zero_noise_var(t: QuantizedTensor, groups: int) -> torch.Tensor | None:
-    """``t.noise_var``, zeros for exactly stored tokens, None where a quantized ``t`` cannot
+def zero_noise_step2(t: QuantizedTensor, groups: int) -> torch.Tensor | None:
+    """``t.noise_step2``, zeros for exactly stored tokens, None where a quantized ``t`` cannot
     say (mixed noise not measured)."""
     if not t.quantized:
         return zero_steps(t, groups)
-    return t.noise_var
+    return t.noise_step2
 
 
 def unit_unshrink(t: QuantizedTensor) -> torch.Tensor:

@@ -30,12 +30,13 @@ Noise models (next to ``step``, see :mod:`jbkv_cli.quant.noise`), in the rotated
   cell, ``σ²_ic = n_i² · Var(Y | idx_ic)`` (from the codebook). Over the random rotation the
   quantizer shrinks: ``E[x̂ | x] = (1 − ρ) x`` with ``ρ = d · E[(Y − c(Y))²]`` the codebook's
   relative MSE (0.115 at 2 bits, d = 64; by symmetry ``E_Π[x̂]`` is parallel to ``x``, with
-  ``E[c(Y) Y] = E[c(Y)²] = 1/d − mse``); so ``unshrink = 1/(1 − ρ)`` and ``noise_var =
-  ρ/(1 − ρ) · n_i²/d`` (:mod:`jbkv_cli.attention.correction` for why the signed correction
+  ``E[c(Y) Y] = E[c(Y)²] = 1/d − mse``); so ``unshrink = 1/(1 − ρ)`` and the unshrunk noise's
+  variance ``ρ/(1 − ρ) · n_i²/d`` (``noise_step2`` is 12 times it) (:mod:`jbkv_cli.attention.correction` for why the signed correction
   needs the gain).
 - prod: ``x̂ − x = r̃ − r`` has mean 0 given ``x`` (**additive**), covariance
   ``(γ²/d)((π/2) I − r̂ r̂ᵀ)``; its average diagonal ``σ² = (γ²/d)(π/2 − 1/d)`` is every
-  coordinate's ``noise_var`` (the ``r̂ r̂ᵀ`` term is spread evenly: jbkv does not store ``r̂``).
+  coordinate's variance (``noise_step2 = 12 σ²``; the ``r̂ r̂ᵀ`` term is spread evenly: jbkv
+  does not store ``r̂``).
 
 ``step`` reports the uniform step with the error's variance per group, ``√(12 σ²_j)`` (MSE:
 ``σ²_j`` the mean cell variance of the group), so ``taylor`` and ``exact`` (uniform-noise forms)
@@ -182,10 +183,10 @@ class TurboQuantMSETensor(QuantizedTensor):
         return torch.full_like(self.norm, 1.0 / (1.0 - self.relative_mse), dtype=torch.float32)
 
     @property
-    def noise_var(self) -> torch.Tensor:
-        """``ρ/(1 − ρ) · n_i²/d`` per coordinate: the variance of the unshrunk key's noise."""
+    def noise_step2(self) -> torch.Tensor:
+        """``12 · ρ/(1 − ρ) · n_i²/d`` per coordinate: 12 × the unshrunk key's noise variance."""
         rho, d = self.relative_mse, self.shape[-1]
-        var = self.norm.float().square() * (rho / (1.0 - rho) / d)  # [..., L, 1]
+        var = self.norm.float().square() * (12 * rho / (1.0 - rho) / d)  # [..., L, 1]
         return var.expand(*var.shape[:-1], d // self.group_size)
 
     def dequantize(self) -> torch.Tensor:
@@ -214,8 +215,8 @@ class TurboQuantProdTensor(TurboQuantMSETensor):
         return None  # unbiased: a = 1
 
     @property
-    def noise_var(self) -> torch.Tensor:
-        return self._group_var()
+    def noise_step2(self) -> torch.Tensor:
+        return 12 * self._group_var()
 
     def sketch_estimate(self) -> torch.Tensor:
         """``(√(π/2)/d) γ Sᵀ z`` ``[..., L, D]``: the residual's unbiased estimate (float32)."""
