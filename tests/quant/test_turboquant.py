@@ -103,7 +103,7 @@ def test_noise_models_classified_from_the_stored_tensors():
     assert (c_prod.additive_share > 0.95).all() and (c_prod.centroid_share.abs() < 0.05).all()
     # the declared variances: the MSE variant's mean cell variance, the sketch's known one
     assert abs(float(mse.step.square().mean() / 12 / c_mse.var_e.mean()) - 1) < 0.05
-    assert abs(float(prod.noise_var.mean() / c_prod.var_e.mean()) - 1) < 0.1
+    assert abs(float(prod.noise_step2.mean() / 12 / c_prod.var_e.mean()) - 1) < 0.1
 
 
 def test_tokens_can_be_pruned_from_what_it_stores():
@@ -142,7 +142,7 @@ def test_every_sweep_and_command_knows_turboquant(quick_eval, tmp_path):
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr
-    variant = json.loads((out / "int3-turboquant-prod-g32-signed" / "variant.json").read_text())
+    variant = json.loads((out / "videos/int3-turboquant-prod-g32-signed/variant.json").read_text())
     assert variant["key"]["name"] == "turboquant-prod"
     demo = subprocess.run(
         [JBKV, "attention-demo", "--cached", "64", "--current", "16"],
