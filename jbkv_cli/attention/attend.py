@@ -51,9 +51,10 @@ class CachedKV:
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
-    (None: all); attention masks the others. ``k_var`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
-    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, zeros for
-    exact keys, and ``unshrink``, None for all ones; both None when not gathered).
+    (None: all); attention masks the others. ``k_step2`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
+    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, 12 × the
+    variance of their unshrunk noise, zeros for exact keys, and ``unshrink``, None for all ones;
+    both None when not gathered).
     """
 
     k: torch.Tensor
@@ -63,7 +64,7 @@ class CachedKV:
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
     valid: torch.Tensor | None = None
-    k_var: torch.Tensor | None = None
+    k_step2: torch.Tensor | None = None
     k_unshrink: torch.Tensor | None = None
 
     @property
@@ -73,7 +74,7 @@ class CachedKV:
     @classmethod
     def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
         kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
-        kv.k_var, kv.k_unshrink = k.noise_step2, k.unshrink
+        kv.k_step2, kv.k_unshrink = k.noise_step2, k.unshrink
         return kv
 
     def unshrunk(self) -> CachedKV:
@@ -104,7 +105,7 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
 
 
 def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
-    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_var)
+    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_step2)
 
 
 def masked(
@@ -146,7 +147,7 @@ def _fused(
 ) -> torch.Tensor:
     channels = None
     if form != "taylor":
-        channels = bilinear_channels(form, cached.k_step, cached.k_var, scale, sign)
+        channels = bilinear_channels(form, cached.k_step, cached.k_step2, scale, sign)
     qa, ka, va = build_augmented(
         q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign, channels
     )
@@ -162,10 +163,9 @@ def _flex(
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
     qn2 = group_sq_norms(q, groups, cached.rotation)  # [B, Hq, Lq, G]
-    if form == "taylor":  # bias = coef Σ_j ‖q_j‖² d2_ij
-        d2, coef = cached.k_step.float().square(), sign * scale * scale / 24.0  # [B, Hkv, Lc, G]
-    else:  # the signed correction (attend checked k_var): w = 12 v, in units of a step²
-        d2, coef = cached.k_var.float(), sign * scale * scale / 24.0
+    # bias = coef Σ_j ‖q_j‖² d2_ij with d2 = Δ² (taylor) or the keys' w = 12 v (signed)
+    d2 = cached.k_step.float().square() if form == "taylor" else cached.k_step2.float()
+    coef = sign * scale * scale / 24.0
     lc = cached.num_tokens
     drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
     if cached.valid is not None:
@@ -247,7 +247,7 @@ def attend(
 
     ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``signed``, ``none``, or
     ``bias-only``, which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys
-    are concatenated cached-first. ``signed`` reads ``cached.k_var`` (``ValueError`` without it)
+    are concatenated cached-first. ``signed`` reads ``cached.k_step2`` (``ValueError`` without it)
     and ``cached.k_unshrink``.
     """
     corr = get_correction(correction)
@@ -260,7 +260,7 @@ def attend(
         mask = key_mask(cached, q, cached.num_tokens + k_cur.shape[-2])
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
     if corr.form == "variance":
-        if cached.k_var is None or cached.k_var.shape != cached.k_step.shape:
+        if cached.k_step2 is None or cached.k_step2.shape != cached.k_step.shape:
             raise ValueError(NO_NOISE_VAR)
         cached = cached.unshrunk()  # scores u·τ q·k̂ (centroid-type keys), then subtract b
     if corr.form == "exact":

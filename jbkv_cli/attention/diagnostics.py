@@ -150,7 +150,7 @@ def compare_attention(
         s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
         added = None
         if cached.k_step is not None and corr.active:
-            b = jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation, cached.k_var)
+            b = jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation, cached.k_step2)
             added = corr.sign * b
             if corr.form == "variance" and cached.k_unshrink is not None:  # u·ŝ − b
                 u = _expand_kv_heads(cached.k_unshrink.float(), q.shape[-3]).transpose(-1, -2)

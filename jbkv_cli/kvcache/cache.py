@@ -324,7 +324,7 @@ class ChunkKVCache:
         view = CachedKV(k, v, step, rotation)
         if step is not None and self._signed:
             var = [zero_noise_step2(t, groups) for t in keys]
-            view.k_var = None if any(s is None for s in var) else torch.cat(var, dim=-2)
+            view.k_step2 = None if any(s is None for s in var) else torch.cat(var, dim=-2)
             if any(t.unshrink is not None for t in keys):
                 view.k_unshrink = torch.cat([unit_unshrink(t) for t in keys], dim=-2)
         if all(c.ref is not None for c in chunks):
@@ -352,7 +352,7 @@ class ChunkKVCache:
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
         view.valid = torch.cat(valid, dim=-1)
         if step is not None and self._signed and all(n[0] is not None for n in noise):
-            view.k_var = torch.cat([n[0] for n in noise], dim=-2)
+            view.k_step2 = torch.cat([n[0] for n in noise], dim=-2)
             view.k_unshrink = torch.cat([n[1] for n in noise], dim=-2)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)

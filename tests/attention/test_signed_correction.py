@@ -122,4 +122,23 @@ def test_mixed_noise_needs_its_measurement():
         cache.commit(k, v)
     # κ: one FP8 byte per (chunk, batch, head) and key group, counted
     assert signed.nbytes - plain.nbytes == 1 * 1 * (D // 32)
-    assert signed.read().k_var is not None and plain.read().k_var is None
+    assert signed.read().k_step2 is not None and plain.read().k_step2 is None
+
+
+@pytest.mark.parametrize("method", ["rtn", "qvg", "turboquant-mse"])
+def test_every_backend_computes_the_same_signed_attention(method):
+    """The fused channels, FlexAttention's score_mod and the dense mask agree (GQA 4 over 2
+    heads), and on additive keys signed attention is taylor's exactly."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 16, D, generator=g)
+    k, v = torch.randn(1, 2, 128, D, generator=g), torch.randn(1, 2, 128, D, generator=g)
+    cache = ChunkKVCache(KVSpec.build(method, 2, 32, "signed"))
+    cache.commit(k, v)
+    cur = (torch.randn(1, 2, 16, D, generator=g), torch.randn(1, 2, 16, D, generator=g))
+    outs = [cache.attend(q, *cur, TAU, backend=b) for b in ("fused", "flex", "reference")]
+    assert torch.allclose(outs[0], outs[2], atol=2e-6) and torch.allclose(
+        outs[1], outs[2], atol=2e-6
+    )
+    if method == "rtn":
+        taylor = attend(q, *cur, cache.read(), scale=TAU, correction="taylor")
+        assert torch.equal(outs[0], taylor)

@@ -152,11 +152,11 @@ def test_signed_correction_reads_the_same_noise_model_through_pruned_lanes():
         plain.commit(*_chunk(i))
         pruned.commit(*_chunk(i))
     a, b = plain.read(), pruned.read()
-    assert torch.equal(a.k, b.k) and torch.equal(a.k_var, b.k_var)
+    assert torch.equal(a.k, b.k) and torch.equal(a.k_step2, b.k_step2)
     assert torch.equal(a.k_unshrink, b.k_unshrink) and float(a.k_unshrink.min()) > 1
     assert torch.equal(_attend(plain), _attend(pruned))
     qvg = _cache(KVSpec.build("qvg", 2, correction="signed", pruner=ForcingKV()))
     qvg.commit(*_chunk(0))
     view = qvg.read()
-    assert view.k_var is not None and view.k_var.shape == view.k_step.shape
+    assert view.k_step2 is not None and view.k_step2.shape == view.k_step.shape
     assert _attend(qvg).isfinite().all()
