@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tiny_quality.py
 	$(BIN)/python benchmarks/methods.py
 	$(BIN)/python benchmarks/pruning.py
+	$(BIN)/python benchmarks/metrics_writes.py
 
 # Debian's chromium for the HTML report's browser test; a no-op when present. Where apt-get is
 # missing or fails, the test is skipped (and says why) instead of failing the build.

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from jbkv_cli import __version__, distributed
+from jbkv_cli import __version__, distributed, lifecycle
 from jbkv_cli.console import error, out
 from jbkv_cli.errors import JbkvError
 
@@ -29,12 +29,14 @@ _CLICK_USAGE, _CLICK_ERROR = _click_classes()
 def exit_code_for(exc: BaseException) -> int:
     """Print ``exc`` as one line on stderr and return its exit code.
 
-    Usage errors 2, known failures 1, Ctrl-C 130; anything unexpected is one line with its type
-    (``JBKV_DEBUG=1`` re-raises it for the traceback).
+    Usage errors 2, known failures 1, Ctrl-C 130, SIGTERM 143, SIGHUP 129 (the handler of
+    :mod:`jbkv_cli.lifecycle` raises them as ``KeyboardInterrupt``); anything unexpected is one
+    line with its type (``JBKV_DEBUG=1`` re-raises it for the traceback).
     """
     if isinstance(exc, KeyboardInterrupt):
-        error("interrupted; finished results are kept, partial ones were discarded")
-        return 130
+        # every write goes through jbkv_cli.atomic, whose temp file is removed on the way out
+        error(f"{lifecycle.describe(exc)}; completed files are kept, no partial file is left")
+        return lifecycle.exit_code_of(exc)
     if isinstance(exc, JbkvError):
         if not getattr(exc, "quiet", False):  # another rank already printed it
             error(str(exc))
@@ -55,7 +57,7 @@ def exit_code_for(exc: BaseException) -> int:
         return 1
     if os.environ.get("JBKV_DEBUG"):
         raise exc
-    error(f"{type(exc).__name__}: {exc} (set JBKV_DEBUG=1 for the traceback)")
+    error(f"{lifecycle.one_line(exc)} (set JBKV_DEBUG=1 for the traceback)")
     return 1
 
 
@@ -77,13 +79,18 @@ class _Group(TyperGroup):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with lifecycle.command():  # SIGINT, SIGTERM and SIGHUP raise from here on
+                result = super().invoke(ctx)
         except (Exception, KeyboardInterrupt) as exc:
             if _passes_through(exc):
+                lifecycle.finished(getattr(exc, "exit_code", 0))
                 raise
             code = exit_code_for(exc)
+            lifecycle.finished(code)  # a later signal only makes the exit immediate
             distributed.abort(exc)  # under torchrun: tell the other ranks, then exit
             raise typer.Exit(code) from None
+        lifecycle.finished(0)
+        return result
 
 
 app = typer.Typer(

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.lifecycle import describe, rank_tag
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -83,16 +84,20 @@ def launch() -> Launch | None:
     return Launch(rank, world, local, local_world)
 
 
-def rank_tag() -> str:
-    """``"rank 1/4: "`` inside a multi-rank job (for one-line errors), else ``""``.
+def only_rank0_reports() -> bool:
+    """For a command whose whole output is one report (``report``): True alone or on rank 0.
 
-    Reads only the environment, so an error raised before :func:`setup` is tagged as well.
+    Reads only the environment (no process group is joined), so ``torchrun … report RUN``
+    prints its table once: rank 0 reports, the other ranks mute their consoles and should
+    return (exit 0) without doing the work again.
     """
-    try:
-        job = launch()
-    except UsageError:
-        return ""
-    return f"rank {job.rank}/{job.world_size}: " if job else ""
+    job = launch()
+    if job is None or job.rank == 0:
+        return True
+    from jbkv_cli.console import mute
+
+    mute()
+    return False
 
 
 def timeout_seconds() -> float:
@@ -359,7 +364,7 @@ def _write_error_file(exc: BaseException) -> None:
     if not path:
         return
     if isinstance(exc, KeyboardInterrupt):
-        text = "interrupted"
+        text = describe(exc)
     elif isinstance(exc, JbkvError):
         text = str(exc)
     else:

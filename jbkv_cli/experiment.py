@@ -132,8 +132,8 @@ def generate_all(
        made, usually), never waiting;
     3. it then waits for the references it still lacks (other ranks make them; the wait is
        progress-aware, :func:`distributed.wait_until`) and scores the rest;
-    4. the ranks meet, the summary counts every rank's videos, and rank 0 merges the ranks'
-       score shards. One process has nothing to wait for or merge.
+    4. the ranks meet and the summary counts every rank's videos. Each score is in its own
+       file (:mod:`jbkv_cli.metric_shards`): nothing to merge.
 
     Every video is scored exactly once, by the rank that generated it or was dealt it.
     """
@@ -276,10 +276,10 @@ class Scoring:
     Order of work: :meth:`start` queues the pairs this process was dealt, :meth:`add` each video
     it generates; :meth:`score_ready` (called by both) scores every queued pair whose reference
     is done and never waits; :meth:`finish` waits for the references still missing (made by
-    other ranks) and scores the rest; :meth:`merge` (rank 0, after the ranks met) folds the
-    ranks' shards into the variants' metrics files. Each score is saved right away
-    (:func:`save_scores`: atomically, to this rank's shard, or alone to the variant's file), so
-    a kill loses at most the video being scored, which the next run scores.
+    other ranks) and scores the rest; :meth:`merge` (rank 0, after the ranks met) moves the
+    shards of older versions into per-video files. Each score is saved right away
+    (:func:`save_scores`: atomically, in the video's own file), so a kill loses at most the
+    video being scored, which the next run scores.
     """
 
     def __init__(self, run: RunDir, *, lpips: bool = True) -> None:
@@ -293,8 +293,8 @@ class Scoring:
 
     def missing(self, planned: Iterable[str] = ()) -> list[Pair]:
         """Finished videos without a current score whose reference is done or ``planned`` (a
-        video name this job makes the reference of), after merging the shards a killed torchrun
-        job left. Rank 0 lists them for everyone."""
+        video name this job makes the reference of), after moving the shards a killed torchrun
+        job of an older version left. Rank 0 lists them for everyone."""
         run = self.run
         merge_shards(run, "fidelity")
         reference = run.reference
@@ -350,7 +350,7 @@ class Scoring:
             self.score_ready()
 
     def merge(self) -> None:
-        """Rank 0 of a torchrun job, after the ranks met: merge every rank's score shards."""
+        """Rank 0 of a torchrun job, after the ranks met: move shards of older versions."""
         if distributed.active() and distributed.is_main():
             merge_shards(self.run, "fidelity")
 
@@ -380,8 +380,7 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
     """Score every finished video of ``run`` that has no current score (``report --score``;
     resumable). Per-chunk (drift) scores use each video's chunk length (:func:`chunk_frames_of`).
     Under torchrun rank 0 lists the missing pairs and deals them out by reference (each reference
-    is decoded by one rank); each rank writes its own shard files (:mod:`jbkv_cli.metric_shards`)
-    and rank 0 merges them once every rank is done.
+    is decoded by one rank); each score goes to its own file (:mod:`jbkv_cli.metric_shards`).
 
     Returns the LPIPS status line (its description, or why it is unavailable).
     """

@@ -14,13 +14,13 @@ passes only when it compared something real:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.results import ResultRow
 
 TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
@@ -70,11 +70,7 @@ def parse_tolerances(text: str | None) -> dict[str, float]:
 
 def load_baseline(path: Path) -> dict[str, Any]:
     """Read and validate a baseline; any problem is one line naming the file and the field."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read baseline {path}: {reason}") from exc
+    data = read_json(path, "baseline", finite=False)  # regular file, <= 64 MiB; values: below
     problem = _shape_problem(data)
     if problem:
         raise JbkvError(f"baseline {path} is not a jbkv result: {problem}")
@@ -150,13 +146,16 @@ def check_baseline(
     ):
         if items:
             problems.append(f"variants {label}: {_listed(sorted(items))}")
+    n = len(base_videos)  # what every variant must have: the baseline's videos
+    reference = _reference_row(current)
+    if reference is not None and reference.videos != n:
+        problems.append(_count(reference.variant, reference.videos, None, n))
     compared: set[str] = set()
     for vid in sorted(set(rows) & set(base_rows)):
         row, base = rows[vid], base_rows[vid]
-        n = len(current["videos"])
         scored = row.psnr.n if row.psnr else 0
         if row.videos != n or scored != n:
-            problems.append(f"{vid}: {row.videos} of {n} videos generated, {scored} scored")
+            problems.append(_count(vid, row.videos, scored, n))
             continue
         checked = _compare_row(vid, row, base, tol, problems)
         if not checked:
@@ -166,6 +165,20 @@ def check_baseline(
     result.videos = len(videos)
     result.metrics = [m for m in _METRIC_KEYS if m in compared]
     return result
+
+
+def _count(vid: str, made: int, scored: int | None, want: int) -> str:
+    """``v: 3 of 4 videos generated, 3 scored``, or ``v: 5 videos generated, 5 scored, the
+    baseline has 4``: never "5 of 4"."""
+    done = "" if scored is None else f", {scored} scored"
+    if made <= want:
+        return f"{vid}: {made} of {want} videos generated{done}"
+    return f"{vid}: {made} videos generated{done}, the baseline has {want}"
+
+
+def _reference_row(result: dict[str, Any]) -> ResultRow | None:
+    rows = (ResultRow.from_dict(r) for r in result["rows"])
+    return next((r for r in rows if r.is_reference), None)
 
 
 def _quantized_rows(result: dict[str, Any]) -> dict[str, ResultRow]:

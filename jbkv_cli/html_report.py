@@ -34,6 +34,7 @@ from urllib.parse import quote
 from jbkv_cli import __version__
 from jbkv_cli.atomic import atomic_path, write_text_atomic
 from jbkv_cli.drift import drift_series
+from jbkv_cli.errors import JbkvError
 from jbkv_cli.report import format_stat, lpips_note, table_cells
 from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir, video_name
@@ -51,13 +52,25 @@ MIN_VIDEO_PX, MAX_VIDEO_PX = 128, 320
 def write_html_report(run: RunDir, data: dict[str, Any], out_dir: Path | None = None) -> Path:
     """Write ``index.html``, ``report.css`` and ``report.js`` into ``out_dir`` (RUN/report)."""
     out_dir = Path(out_dir) if out_dir is not None else run.root / "report"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JbkvError(f"cannot create {out_dir}: {exc.strerror or exc}") from exc
     for name in ASSETS:
-        with atomic_path(out_dir / name) as tmp, resources.as_file(_asset(name)) as src:
-            shutil.copyfile(src, tmp)
+        _copy_asset(name, out_dir / name)
     page = out_dir / "index.html"
     write_text_atomic(page, render_page(run, data, out_dir))
     return page
+
+
+def _copy_asset(name: str, target: Path) -> None:
+    """Copy a packaged asset to ``target`` atomically; a failure names ``target`` (a full disk
+    is the target's problem, not the package's source file that ``shutil`` would name)."""
+    try:
+        with atomic_path(target) as tmp, resources.as_file(_asset(name)) as src:
+            shutil.copyfile(src, tmp)
+    except OSError as exc:
+        raise JbkvError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
 
 def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:

@@ -19,6 +19,7 @@ import torch
 
 from jbkv_cli.atomic import atomic_path
 from jbkv_cli.drift import drift_series
+from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import METRICS, frontier_points, pareto_front
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.results import ResultRow
@@ -26,9 +27,14 @@ from jbkv_cli.runs import RunDir, video_name
 
 
 def _save(fig, path: Path) -> Path:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
+    """Write ``fig`` to ``path`` atomically; a failure (a full disk) is one line naming it."""
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+    except OSError as exc:
+        raise JbkvError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,9 @@ from rich.text import Text
 from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.results import ResultRow, Stat
+from jbkv_cli.run_schema import BIG, vbench_problem
 from jbkv_cli.runs import RunDir, video_name
 from jbkv_cli.tables import print_fitted
 
@@ -44,10 +45,13 @@ def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
     path = run.root / "metrics" / "vbench.json"
     if not path.is_file():
         return {}
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise JbkvError(f"cannot read {path}: {exc}") from exc
+    doc = read_json(path)
+    problem = vbench_problem(doc)
+    if problem:
+        raise JbkvError(
+            f"{path} is not a jbkv VBench result: {problem} (damaged or edited? "
+            f"`jbkv vbench run {run.root}` writes it again)"
+        )
     return vbench_variants(doc)
 
 
@@ -107,13 +111,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 delta_ps=Stat.of([d.get("delta_ps") for d in diag]),
                 jsd=Stat.of([d.get("jsd") for d in diag]),
                 out_mse=Stat.of([d.get("out_mse") for d in diag]),
-                noise_var_ratio=Stat.of(
-                    [
-                        d["noise_measured_var"] / d["noise_predicted_var"]
-                        for d in diag
-                        if d.get("noise_predicted_var")
-                    ]
-                ),
+                noise_var_ratio=Stat.of([_noise_ratio(d) for d in diag]),
                 noise_z_mean=Stat.of([d.get("noise_z_mean") for d in diag]),
                 **{m: Stat.of([d.get(m) for d in diag]) for m in LP_METRICS},
                 kv_cache_bytes=None if kv is None else round(kv.mean),
@@ -127,6 +125,16 @@ def build_rows(run: RunDir) -> list[ResultRow]:
             )
         )
     return rows
+
+
+def _noise_ratio(diag: dict[str, Any]) -> float | None:
+    """Measured / predicted noise variance of one video; None when either is missing or the
+    ratio leaves the range a mean can be taken over (a predicted variance of ~0)."""
+    measured, predicted = diag.get("noise_measured_var"), diag.get("noise_predicted_var")
+    if measured is None or not predicted:
+        return None
+    ratio = measured / predicted
+    return ratio if abs(ratio) <= BIG else None
 
 
 def _label(spec, run: RunDir, reference: bool) -> str:

@@ -8,6 +8,7 @@ the same prompt and seed for PSNR, SSIM and LPIPS), or None when there is nothin
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -142,4 +143,10 @@ class ResultRow:
 
 
 def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    # an int beyond a float's range is not finite here (math.isfinite would raise on it)
+    return (
+        isinstance(x, int | float)
+        and not isinstance(x, bool)
+        and abs(x) <= sys.float_info.max
+        and math.isfinite(x)
+    )

@@ -7,34 +7,61 @@ Layout (design.md §5)::
     RUN/videos/<variant>/<prompt>-<i>.mkv   lossless copy (bit-exact uint8 frames)
     RUN/videos/<variant>/<prompt>-<i>.mp4   H.264 for people and VBench ({prompt}-{index} naming)
     RUN/videos/<variant>/<prompt>-<i>.json  the record; written last, so it marks the video done
-    RUN/metrics/fidelity/<variant>.json     paired scores against the reference variant
+    RUN/metrics/fidelity/<variant>/<prompt>-<i>.json   one video's paired scores vs the reference
+    RUN/metrics/fidelity/<variant>.json     a variant's scores as older runs kept them
+                                            (read, never rewritten; a per-video file wins)
 
 Every file is written atomically (temp file + rename). A video counts as finished only when its
-record exists and its files are present, so an interrupted run resumes where it stopped, and a
-directory made with other settings is refused instead of being overwritten.
+record exists, is a valid record and its files are present, so an interrupted run resumes where
+it stopped, and a directory made with other settings is refused instead of being overwritten.
+
+Damaged files (checked by :mod:`jbkv_cli.run_schema` as they are read): a damaged manifest or
+``variant.json`` stops the command with one line naming the file and the field; a damaged video
+record makes that video unfinished and a damaged score makes it unscored, each with one warning
+naming the file and the field, so a resumed run (or ``report --score``) makes or scores it again.
+
+The manifest's read-modify-writes (creating it, registering prompts and seeds) hold a lock on
+``RUN/.manifest.lock`` (:mod:`jbkv_cli.locks`), so two commands starting on one folder at once
+both keep their registrations.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import platform
 import subprocess
+import unicodedata
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from jbkv_cli import __version__
-from jbkv_cli.atomic import check_writable_dir, remove_stale_temps, write_text_atomic
+from jbkv_cli.atomic import (
+    check_writable_dir,
+    is_temp,
+    max_name_bytes,
+    remove_stale_temps,
+    write_text_atomic,
+)
+from jbkv_cli.console import warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.kvcache.spec import LEGACY_REFERENCE_ID, REFERENCE_ID, KVSpec
+from jbkv_cli.locks import locked
 from jbkv_cli.models.base import Video
+from jbkv_cli.run_schema import manifest_problem, record_problem, score_problem
 from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
 
 MANIFEST = "manifest.json"
+MANIFEST_LOCK = ".manifest.lock"
 LOSSLESS_SUFFIX = ".mkv"
+
+
+def _test_seam(event: str) -> None:
+    """Called at ``"read"`` (the manifest was read, not yet written back) and ``"waiting"``
+    (another process holds the manifest's lock); tests replace it to force a race."""
 
 
 def variant_id(spec: KVSpec) -> str:
@@ -47,69 +74,71 @@ def video_name(prompt: str, index: int) -> str:
     return f"{prompt}-{index}"
 
 
-MAX_PROMPT_BYTES = 200
+# A video's files are {prompt}-{index}{suffix}; the longest suffix is the record's, and an index
+# of up to INDEX_DIGITS digits (a million seeds in one run folder) is provided for. The longest
+# prompt is then what the atomic writer's temp name of that file leaves of NAME_MAX on any host.
+LONGEST_SUFFIX = max((LOSSLESS_SUFFIX, ".mp4", ".json"), key=len)
+INDEX_DIGITS = 6
+MAX_PROMPT_BYTES = max_name_bytes(LONGEST_SUFFIX) - len("-") - INDEX_DIGITS - len(LONGEST_SUFFIX)
+_NOT_IN_NAMES = ("Cc", "Cs", "Zl", "Zp")  # controls (NUL, line breaks, …), surrogates, separators
 
 
 def check_prompt(prompt: str) -> str:
-    """The prompt, stripped, if it can name a file (``{prompt}-{index}``); else a usage error."""
+    """The prompt, stripped, if it can name a file (``{prompt}-{index}``); else a usage error.
+
+    Refused: ``/`` and ``\\``, a leading ``.``, control characters (NUL, line breaks, U+0085,
+    tabs, …), line and paragraph separators (U+2028, U+2029), bytes that were not UTF-8 on the
+    command line (surrogates), and more than :data:`MAX_PROMPT_BYTES` UTF-8 bytes.
+    """
     prompt = prompt.strip()
     if not prompt:
         raise UsageError("empty prompt")
-    if any(c in prompt for c in "/\\\0\n\r") or prompt.startswith("."):
+    bad = next((c for c in prompt if unicodedata.category(c) in _NOT_IN_NAMES), None)
+    if bad is not None:
         raise UsageError(
-            f"prompt {shown(prompt)} cannot name a file (no '/', '\\', line breaks or leading '.')"
+            f"prompt {shown(prompt)} cannot name a file: it holds U+{ord(bad):04X} (no control "
+            "characters, line breaks or text that is not UTF-8)"
         )
-    if len(prompt.encode()) > MAX_PROMPT_BYTES:
+    if any(c in prompt for c in "/\\") or prompt.startswith("."):
+        raise UsageError(f"prompt {shown(prompt)} cannot name a file (no '/', '\\' or leading '.')")
+    size = len(prompt.encode())
+    if size > MAX_PROMPT_BYTES:
         raise UsageError(
             f"prompt {shown(prompt)} is too long to name a file "
-            f"({len(prompt.encode())} bytes > {MAX_PROMPT_BYTES})"
+            f"({size} bytes of UTF-8 > {MAX_PROMPT_BYTES})"
         )
     return prompt
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split())[:120]
-        raise JbkvError(f"cannot read {path}: {reason}") from exc
+    """A run file's JSON; anything else (a FIFO or device in its place, a huge or deep file,
+    ``NaN``) is one ``cannot read PATH: reason`` line (:mod:`jbkv_cli.jsonio`)."""
+    return read_json(path)
 
 
 def _write_json(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
-def _expect(ok: bool, path: Path, what: str) -> None:
-    if not ok:
-        raise JbkvError(f"{path} is not a jbkv {what} (damaged or edited?)")
+def _damaged(path: Path, what: str, problem: str) -> JbkvError:
+    return JbkvError(f"{path} is not a jbkv {what}: {problem} (damaged or edited?)")
 
 
 def parse_manifest(data: Any, path: Path) -> dict[str, Any]:
-    """``data`` if it has the shape of a run manifest; else a one-line :class:`JbkvError`."""
-    _expect(isinstance(data, dict), path, "manifest")
-    _expect(isinstance(data.get("model"), str), path, "manifest")
-    _expect(isinstance(data.get("settings"), dict), path, "manifest")
-    for key, kind in (("prompts", str), ("seeds", int)):
-        items = data.get(key)
-        _expect(isinstance(items, list) and all(type(x) is kind for x in items), path, "manifest")
+    """``data`` if it has the shape of a run manifest; else a one-line :class:`JbkvError`
+    naming the file and the field."""
+    problem = manifest_problem(data)
+    if problem:
+        raise _damaged(path, "manifest", problem)
     return data
 
 
 def parse_record(data: Any, path: Path) -> dict[str, Any]:
-    """``data`` if it has the shape of a video record; else a one-line :class:`JbkvError`."""
-    _expect(isinstance(data, dict), path, "video record")
-    ok = (
-        isinstance(data.get("prompt"), str)
-        and type(data.get("seed")) is int
-        and type(data.get("index")) is int
-        and data["index"] >= 0
-        and type(data.get("kv_cache_bytes")) is int
-        and _is_number(data.get("seconds"))
-        and isinstance(data.get("diagnostics"), dict | None)
-    )
-    _expect(ok, path, "video record")
-    diag = data.get("diagnostics") or {}
-    _expect(all(v is None or _is_number(v) for v in diag.values()), path, "video record")
+    """``data`` if it has the shape of a video record; else a one-line :class:`JbkvError`
+    naming the file and the field."""
+    problem = record_problem(data)
+    if problem:
+        raise _damaged(path, "video record", problem)
     return data
 
 
@@ -117,14 +146,11 @@ def parse_spec(data: Any, path: Path) -> KVSpec:
     """The :class:`KVSpec` stored in ``variant.json``; a one-line error when it is not one."""
     try:
         if not isinstance(data, dict):
-            raise TypeError("not an object")
+            raise TypeError("not a JSON object")
         return KVSpec.from_dict({k: v for k, v in data.items() if k != "dtype"})
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise JbkvError(f"{path} is not a jbkv variant (damaged or edited?)") from exc
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        reason = " ".join(str(exc).split())[:100] or type(exc).__name__
+        raise _damaged(path, "variant", reason) from exc
 
 
 def environment() -> dict[str, Any]:
@@ -157,6 +183,8 @@ class RunDir:
         self.root = root
         self.manifest = manifest
         self._seed_index: dict[int, int] = {}
+        self._checked: dict[Path, tuple[tuple[int, int, int], str | None]] = {}  # record verdicts
+        self._warned: set[Path] = set()
 
     @classmethod
     def open(cls, root: Path) -> RunDir:
@@ -170,42 +198,60 @@ class RunDir:
     def create_or_resume(cls, root: Path, model: str, settings: dict[str, Any]) -> RunDir:
         """Start a run in ``root``, or resume it if it was made by the same model and settings.
 
-        Resuming deletes the temp files a killed process left behind (see
+        Checked again under the manifest's lock, so of two commands starting at once on a new
+        folder one creates the manifest and the other resumes it (or is refused, for other
+        settings). Resuming deletes the temp files a killed process left behind (see
         :func:`~jbkv_cli.atomic.remove_stale_temps`).
         """
         root = Path(root)
         check_run_dir(root, model, settings)
         path = root / MANIFEST
-        if path.exists():
-            manifest = parse_manifest(_read_json(path), path)
-            remove_stale_temps(root)
-            return cls(root, manifest)
-        manifest = {
-            "model": model,
-            "settings": settings,
-            "reference_dtype": settings.get("dtype"),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "environment": environment(),
-            "seeds": [],
-            "prompts": [],
-        }
-        run = cls(root, manifest)
-        _write_json(path, manifest)
-        return run
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise JbkvError(f"cannot create --out {root}: {exc.strerror or exc}") from exc
+        with _manifest_lock(root):
+            check_run_dir(root, model, settings)
+            if path.exists():
+                manifest = parse_manifest(_read_json(path), path)
+                remove_stale_temps(root)
+                return cls(root, manifest)
+            manifest = {
+                "model": model,
+                "settings": settings,
+                "reference_dtype": settings.get("dtype"),
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "environment": environment(),
+                "seeds": [],
+                "prompts": [],
+            }
+            _write_json(path, manifest)
+        return cls(root, manifest)
 
     # --- prompts and seeds --------------------------------------------------------------------
 
     def register(self, prompts: list[str], seeds: list[int]) -> None:
-        """Add prompts and seeds (linear time); a seed's index (its position) names its videos."""
-        changed = False
-        for key, new in (("prompts", prompts), ("seeds", seeds)):
-            known = self.manifest[key]
-            added = [x for x in dict.fromkeys(new) if x not in set(known)]
-            if added:
-                known.extend(added)
-                changed = True
-        if changed:
-            _write_json(self.root / MANIFEST, self.manifest)
+        """Add prompts and seeds (linear time); a seed's index (its position) names its videos.
+
+        A read-modify-write of the manifest on disk under its lock: what another command
+        registered meanwhile is kept, and this run's seed positions are the ones on disk.
+        """
+        path = self.root / MANIFEST
+        with _manifest_lock(self.root):
+            manifest = parse_manifest(_read_json(path), path) if path.is_file() else self.manifest
+            _test_seam("read")
+            changed = not path.is_file()
+            for key, new in (("prompts", prompts), ("seeds", seeds)):
+                known = manifest[key]
+                seen = set(known)
+                added = [x for x in dict.fromkeys(new) if x not in seen]
+                if added:
+                    known.extend(added)
+                    changed = True
+            if changed:
+                _write_json(path, manifest)
+        self.manifest = manifest
+        self._seed_index = {}
 
     def index_of(self, seed: int) -> int:
         """The position of ``seed`` in the manifest (it names the seed's videos)."""
@@ -265,7 +311,16 @@ class RunDir:
         }
 
     def is_done(self, vid: str, name: str) -> bool:
-        return all(p.is_file() for p in self.paths(vid, name).values())
+        """The video's files are all there and its record is a valid record (a damaged one
+        makes the video unfinished: one warning, and a resumed run makes it again)."""
+        paths = self.paths(vid, name)
+        if not all(p.is_file() for p in paths.values()):
+            return False
+        record = paths["record"]
+        cached = self._checked.get(record)
+        if cached is not None and cached[0] == _stamp(record):
+            return cached[1] is None
+        return self._load_record(record) is not None
 
     def save_video(self, vid: str, name: str, video: Video, record: dict[str, Any]) -> None:
         """Write the lossless copy, the mp4, then the record (which marks the video done)."""
@@ -279,42 +334,150 @@ class RunDir:
         return frames
 
     def records(self, vid: str) -> list[dict[str, Any]]:
-        """Records of the finished videos of one variant, in file-name order."""
+        """Records of the finished videos of one variant, in file-name order (damaged ones
+        left out, with a warning: see :meth:`is_done`)."""
         d = self.variant_dir(vid)
         out = []
         for path in sorted(d.glob("*.json")):
             if path.name == "variant.json" or path.name.startswith("."):
                 continue
             name = path.stem
-            if self.is_done(vid, name):
-                record = parse_record(_read_json(path), path)
-                if video_name(record["prompt"], record["index"]) != name:
-                    raise JbkvError(
-                        f"{path} records prompt {record['prompt'][:40]!r} index "
-                        f"{record['index']}, which its file name does not match (renamed?)"
-                    )
-                out.append(record)
+            paths = self.paths(vid, name)
+            if not (paths["lossless"].is_file() and paths["mp4"].is_file()):
+                continue
+            record = self._load_record(path)
+            if record is None:
+                continue
+            if video_name(record["prompt"], record["index"]) != name:
+                raise JbkvError(
+                    f"{path} records prompt {record['prompt'][:40]!r} index "
+                    f"{record['index']}, which its file name does not match (renamed?)"
+                )
+            out.append(record)
         return out
+
+    def _load_record(self, path: Path) -> dict[str, Any] | None:
+        """The record at ``path``, or None (and one warning) when it is missing or damaged.
+        The verdict is kept until the file changes (:meth:`is_done` polls finished videos)."""
+        stamp = _stamp(path)
+        if stamp is None:
+            return None
+        try:
+            data = _read_json(path)
+            problem = record_problem(data)
+        except JbkvError as exc:
+            data, problem = None, str(exc).removeprefix(f"cannot read {path}: ")
+        self._checked[path] = (stamp, problem)
+        if problem:
+            self._warn_once(
+                path, f"{problem}; the video counts as not finished (a resumed run makes it again)"
+            )
+            return None
+        return data
 
     # --- metrics ------------------------------------------------------------------------------
 
     def metrics_path(self, kind: str, vid: str) -> Path:
+        """A variant's scores as one file (older runs; read, never rewritten)."""
         return self.root / "metrics" / kind / f"{vid}.json"
 
+    def score_path(self, kind: str, vid: str, name: str) -> Path:
+        """One video's scores: ``metrics/<kind>/<variant>/<video name>.json``."""
+        return self.root / "metrics" / kind / vid / f"{name}.json"
+
     def read_metrics(self, kind: str, vid: str) -> dict[str, Any]:
-        path = self.metrics_path(kind, vid)
+        """Video name -> scores of one variant: its per-video files over the entries of the
+        variant's file of older runs. A damaged entry is left out (one warning naming the file
+        and the field): the video counts as unscored, so a resumed run scores it again."""
+        folder = self.root / "metrics" / kind / vid
+        files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        files = [p for p in files if not p.name.startswith(".")]
+        out = self.read_score_map(self.metrics_path(kind, vid), skip={p.stem for p in files})
+        for path in files:
+            entry = self.read_score_file(path)
+            if entry is not None:
+                out[path.stem] = entry
+        return out
+
+    def read_score_file(self, path: Path) -> dict[str, Any] | None:
+        """One video's scores from ``path``, or None (one warning) when it is damaged."""
+        try:
+            entry = _read_json(path)
+        except JbkvError as exc:
+            self._warn_once(path, f"{exc}; {self._rescored}", prefix=False)
+            return None
+        problem = score_problem(entry)
+        if problem:
+            self._warn_once(path, f"{problem}; {self._rescored}")
+            return None
+        return entry
+
+    def read_score_map(
+        self, path: Path, skip: set[str] | frozenset = frozenset()
+    ) -> dict[str, Any]:
+        """Video name -> scores from a file holding many (a variant's file of older runs, or a
+        rank's shard): damaged entries, or a damaged file, left out with one warning; entries
+        named in ``skip`` (superseded by newer files) are neither checked nor returned."""
         if not path.is_file():
             return {}
-        data = _read_json(path)
-        _expect(
-            isinstance(data, dict) and all(isinstance(v, dict) for v in data.values()),
-            path,
-            f"{kind} metrics file",
-        )
-        return data
+        try:
+            data = _read_json(path)
+        except JbkvError as exc:
+            self._warn_once(path, f"{exc}; its scores count as missing ({self._rescored})", False)
+            return {}
+        if not isinstance(data, dict):
+            self._warn_once(
+                path, f"not a JSON object; its scores count as missing ({self._rescored})"
+            )
+            return {}
+        out, bad = {}, []
+        for name, entry in data.items():
+            if name in skip:
+                continue
+            problem = score_problem(entry)
+            if problem:
+                bad.append((name, problem))
+            else:
+                out[name] = entry
+        if bad:
+            name, problem = bad[0]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            self._warn_once(path, f"entry {shown(name, 40)}: {problem}{more}; {self._rescored}")
+        return out
 
-    def write_metrics(self, kind: str, vid: str, data: dict[str, Any]) -> None:
-        _write_json(self.metrics_path(kind, vid), data)
+    @property
+    def _rescored(self) -> str:
+        return f"scored again by `jbkv report {self.root} --score` or a resumed run"
+
+    def write_score(self, kind: str, vid: str, name: str, entry: dict[str, Any]) -> None:
+        """Save one video's scores (atomically, in its own file: writes grow linearly with the
+        videos, and ranks never share a file)."""
+        _write_json(self.score_path(kind, vid, name), entry)
+
+    def _warn_once(self, path: Path, message: str, prefix: bool = True) -> None:
+        if path in self._warned:
+            return
+        self._warned.add(path)
+        warn(f"{path}: {message}" if prefix else message)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is replaced or rewritten (None: it is gone)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _manifest_lock(root: Path):
+    return locked(root / MANIFEST_LOCK, on_wait=lambda: _test_seam("waiting"))
+
+
+def _is_ours(path: Path) -> bool:
+    """A file another jbkv command starting on the same folder may have there for a moment:
+    the manifest's lock, a temp file of its writer, or its writability probe."""
+    return path.name == MANIFEST_LOCK or path.name.startswith(".jbkv-probe-") or is_temp(path)
 
 
 def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
@@ -327,6 +490,9 @@ def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
     if root.exists() and not root.is_dir():
         raise UsageError(f"--out {root} exists and is not a directory")
     path = root / MANIFEST
+    # listed before the manifest is looked for: a command starting beside this one writes its
+    # manifest before anything else, so what is listed without a manifest after it is not a run's
+    entries = list(root.iterdir()) if root.is_dir() else []
     if path.exists():
         manifest = parse_manifest(_read_json(path), path)
         if manifest["model"] != model or manifest["settings"] != settings:
@@ -335,7 +501,7 @@ def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
                 f"{root} was made with different settings ({diff}); "
                 "use another --out directory to keep both"
             )
-    elif root.exists() and any(root.iterdir()):
+    elif any(not _is_ours(p) for p in entries):
         raise UsageError(f"--out {root} is not empty and is not a jbkv run directory")
     check_writable_dir(root, "--out")
 

@@ -4,6 +4,7 @@ and output folders are checked before long work (jbkv_cli/atomic.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -97,3 +98,47 @@ def test_read_only_folder_is_refused_before_work(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
     with pytest.raises(JbkvError, match=r"cannot write --json .*Read-only file system"):
         check_writable_file(tmp_path / "r.json", "--json")
+
+
+def test_stale_temps_of_one_target_are_removed_and_nothing_else(tmp_path):
+    """What ``convert-checkpoint`` runs before writing: only its own target's leftovers go."""
+    from jbkv_cli.atomic import remove_stale_temps_of
+
+    host, dead = atomic._HOST, _dead_pid()
+    target = tmp_path / "g[1].safetensors"  # glob characters in the name are taken literally
+    stale = tmp_path / f".g[1].safetensors.~{host}~{dead}~abc.tmp.safetensors"
+    live = tmp_path / f".g[1].safetensors.~{host}~{os.getpid()}~def.tmp.safetensors"
+    other = tmp_path / f".g1.safetensors.~{host}~{dead}~ghi.tmp.safetensors"
+    nested = tmp_path / "sub" / f".g[1].safetensors.~{host}~{dead}~jkl.tmp.safetensors"
+    for p in (stale, live, other, nested):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"")
+    assert remove_stale_temps_of(target) == 1
+    assert not stale.exists() and live.exists() and other.exists() and nested.exists()
+    assert remove_stale_temps_of(tmp_path / "nowhere" / "x.safetensors") == 0
+
+
+def test_a_pause_point_waits_for_a_signal_then_goes_on(tmp_path):
+    """The test seam of jbkv_cli/lifecycle.py (deterministic signal tests): at the named point
+    the process writes the file and waits; a start-up-mode signal ends the wait."""
+    code = (
+        "import os, signal, sys\n"
+        "from jbkv_cli import lifecycle, atomic\n"
+        "lifecycle.install()\n"
+        "with atomic.atomic_path(sys.argv[1]) as tmp:\n"
+        "    tmp.write_text('x')\n"
+        "print(lifecycle.pending())\n"
+    )
+    mark, target = tmp_path / "mark", tmp_path / "out.txt"
+    env = {**os.environ, "JBKV_TEST_PAUSE": "writing:out.*", "JBKV_TEST_PAUSE_FILE": str(mark)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(target)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.read_text() == "writing\n" and not target.exists()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == f"{int(signal.SIGTERM)}\n"  # noted, not raised
+    assert target.read_text() == "x"

@@ -1,4 +1,4 @@
-"""The process-group helpers and per-rank metric shards, in one process.
+"""The process-group helpers and per-video score files, in one process.
 
 The torchrun jobs themselves (2 ranks on gloo) are in ``tests/test_torchrun.py``.
 """
@@ -90,36 +90,55 @@ def _run(tmp_path) -> RunDir:
     return RunDir(tmp_path, {"model": "tiny", "settings": {}, "prompts": [], "seeds": []})
 
 
-def test_ranks_write_their_own_shards_and_rank0_merges_them(tmp_path, as_rank):
+def _entry(psnr: float) -> dict:
+    return {"psnr": psnr, "ssim": 0.9}
+
+
+def _write(path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def test_ranks_write_one_file_per_video_over_the_old_variant_file(tmp_path, as_rank):
+    """Each rank saves the videos it scored in their own files: no shared file, nothing to
+    merge, every score readable at once; a variant file of an older run is read beneath."""
     run = _run(tmp_path)
-    run.write_metrics("fidelity", "int2", {"old": {"psnr": 1.0}})
+    _write(tmp_path / "metrics/fidelity/int2.json", {"old": _entry(1.0), "a": _entry(2.0)})
     for r, name in ((0, "a"), (1, "b"), (1, "c")):
         as_rank(r, 2)
-        save_scores(run, "fidelity", "int2", {name: {"psnr": float(ord(name))}})
-    shards = sorted(p.name for p in (tmp_path / "metrics/shards/fidelity/int2").iterdir())
-    assert shards == ["rank0.json", "rank1.json"]
-    assert set(run.read_metrics("fidelity", "int2")) == {"old"}  # untouched until the merge
-    assert merge_shards(run, "fidelity") == 2
-    assert set(run.read_metrics("fidelity", "int2")) == {"old", "a", "b", "c"}
+        save_scores(run, "fidelity", "int2", {name: _entry(float(ord(name)))})
+    files = sorted(p.name for p in (tmp_path / "metrics/fidelity/int2").iterdir())
+    assert files == ["a.json", "b.json", "c.json"]
+    scores = run.read_metrics("fidelity", "int2")
+    assert set(scores) == {"old", "a", "b", "c"} and scores["a"]["psnr"] == ord("a")
+    assert json.loads((tmp_path / "metrics/fidelity/int2.json").read_text())["a"]["psnr"] == 2.0
     assert not (tmp_path / "metrics/shards").exists()
     assert merge_shards(run, "fidelity") == 0
 
 
-def test_merge_after_a_kill_between_write_and_delete_is_harmless(tmp_path, as_rank):
-    """A merge killed after rewriting the variant's file but before deleting the shards."""
+def test_shards_of_an_older_version_are_moved_into_per_video_files(tmp_path, no_torchrun):
+    """A killed torchrun job of an older jbkv left per-rank shards: they are moved (a score already
+    in its own file is newer and kept), then deleted; a kill before the delete is harmless."""
     run = _run(tmp_path)
-    as_rank(1, 2)
-    save_scores(run, "fidelity", "int4", {"a": {"psnr": 2.0}})
-    run.write_metrics("fidelity", "int4", {"a": {"psnr": 2.0}})
+    shards = tmp_path / "metrics/shards/fidelity/int4"
+    _write(shards / "rank0.json", {"a": _entry(2.0), "b": _entry(3.0)})
+    _write(shards / "rank1.json", {"c": _entry(4.0)})
+    save_scores(run, "fidelity", "int4", {"b": _entry(30.0)})
+    assert merge_shards(run, "fidelity") == 2
+    scores = run.read_metrics("fidelity", "int4")
+    assert {k: v["psnr"] for k, v in scores.items()} == {"a": 2.0, "b": 30.0, "c": 4.0}
+    assert not (tmp_path / "metrics/shards").exists()
+    _write(shards / "rank0.json", {"a": _entry(2.0)})  # as a kill before the delete leaves it
     assert merge_shards(run, "fidelity") == 1
-    assert json.loads((tmp_path / "metrics/fidelity/int4.json").read_text()) == {"a": {"psnr": 2.0}}
+    assert run.read_metrics("fidelity", "int4") == scores
 
 
-def test_one_process_writes_the_variant_file_directly(tmp_path, no_torchrun):
+def test_one_process_writes_one_file_per_video(tmp_path, no_torchrun):
     run = _run(tmp_path)
-    save_scores(run, "fidelity", "int2", {"a": {"psnr": 1.0}})
-    save_scores(run, "fidelity", "int2", {"b": {"psnr": 2.0}})
+    save_scores(run, "fidelity", "int2", {"a": _entry(1.0)})
+    save_scores(run, "fidelity", "int2", {"b": _entry(2.0)})
     assert set(run.read_metrics("fidelity", "int2")) == {"a", "b"}
+    assert json.loads((tmp_path / "metrics/fidelity/int2/a.json").read_text()) == _entry(1.0)
     assert not (tmp_path / "metrics/shards").exists()
 
 

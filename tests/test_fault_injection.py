@@ -4,7 +4,11 @@
   same frames, mp4 bytes, records (timings aside), manifest and table as an uninterrupted run, and
   leaves no temp file behind.
 - A full disk (a small tmpfs where one can be mounted; otherwise an injected ``ENOSPC``) is one
-  line naming the file and leaves nothing partial: every video marked done has all its files.
+  line naming the file and leaves nothing partial: every video marked done has all its files;
+  so is a full disk (or a file-size limit) under ``convert-checkpoint``.
+  ``report --format html`` on a disk full for one of its files (``tests/enospc``) names that file.
+- ``kill -9`` just before and just after a score's write (``tests/kill_at``), then resume: the
+  same score files as an uninterrupted run.
 - Hypothesis feeds truncated and corrupted bytes to the video reader and to the manifest, record
   and baseline parsers: each returns a valid result or raises a one-line ``JbkvError``, never
   anything else.
@@ -186,6 +190,143 @@ def test_injected_enospc_in_every_writer(tmp_path, monkeypatch):
         assert result.exit_code == 1, (fail_at, result.output)
         assert "No space left on device" in result.output and "Traceback" not in result.output
         _check_nothing_partial(out)
+
+
+KILL_HOOK = Path(__file__).parent / "kill_at"  # sitecustomize: SIGKILL at the n-th rename
+
+
+def _score_files(run: Path) -> dict[str, object]:
+    folder = run / "metrics" / "fidelity"
+    files = sorted(p for p in folder.rglob("*.json") if not p.name.startswith("."))
+    return {str(p.relative_to(run)): json.loads(p.read_text()) for p in files}
+
+
+def test_kill_9_inside_and_between_score_writes_then_resume_is_identical(tiny_run, tmp_path):
+    """Scores are saved one file per video. ``kill -9`` just before a score's rename (written,
+    not in place) loses that one score; just after it (between two writes) loses nothing; the
+    resumed run scores the rest, to the same files as an uninterrupted scoring, and leaves no
+    temp file."""
+    import shutil
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(json.loads((tiny_run / "manifest.json").read_text())["prompts"]))
+    args = ["quantize-eval", "--prompts", prompts, "--seeds", "0", "--bits", "2,4"]
+    args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--no-lpips", "--no-plots"]
+    runs = {}
+    for name in ("clean", "killed"):
+        runs[name] = tmp_path / name / "tiny"
+        shutil.copytree(tiny_run, runs[name])
+        shutil.rmtree(runs[name] / "metrics")
+    clean = _jbkv(*args, "--out", tmp_path / "clean", cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    expected = _score_files(runs["clean"])
+    assert len(expected) == 8
+
+    hook = os.pathsep.join(p for p in (str(KILL_HOOK), os.environ.get("PYTHONPATH")) if p)
+    saved = 0
+    for at in ("2:before", "1:after", "3:before", "2:after"):
+        env = {**os.environ, "PYTHONPATH": hook, "JBKV_TEST_KILL_AT": at}
+        env["JBKV_TEST_KILL_MATCH"] = "/metrics/fidelity/"
+        r = subprocess.run(
+            [JBKV, *map(str, args), "--out", str(tmp_path / "killed")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=300,
+        )
+        assert r.returncode == -signal.SIGKILL, (at, r.stderr)
+        n, when = at.split(":")
+        saved += int(n) - (when == "before")  # the score being renamed is the one lost
+        got = _score_files(runs["killed"])
+        assert len(got) == saved, at
+        assert all(got[k] == expected[k] for k in got), at  # what was saved is complete
+    resumed = _jbkv(*args, "--out", tmp_path / "killed", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _score_files(runs["killed"]) == expected
+    assert not [p for p in runs["killed"].rglob(".*") if p.is_file()], "temp files left"
+
+
+ENOSPC_HOOK = Path(__file__).parent / "enospc"  # sitecustomize: ENOSPC for chosen file names
+
+
+@pytest.mark.parametrize(
+    "target", ["frontier.png", "drift.png", "report.css", "report.js", "index.html"]
+)
+def test_full_disk_during_the_html_report_is_one_line_naming_the_target(tiny_run, tmp_path, target):
+    """``report --format html`` on a disk that is full for one of its files: one line naming
+    that file under RUN/report (not ``OSError: [Errno 28]`` without a file, nor the package's
+    source file of a copied asset), exit 1, nothing partial left."""
+    import shutil
+
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run, run)
+    shutil.rmtree(run / "report")
+    path = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "JBKV_TEST_ENOSPC": target}
+    r = subprocess.run(
+        [JBKV, "report", str(run), "--format", "html"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert r.returncode == 1 and len(errors) == 1, r.stderr
+    assert errors[0] == f"error: cannot write {run / 'report' / target}: No space left on device"
+    assert "report_assets" not in r.stderr and "Traceback" not in r.stderr
+    assert not (run / "report" / target).exists()
+    assert not [p for p in (run / "report").iterdir() if p.name.startswith(".")], "temp left"
+
+
+def _checkpoint(path: Path, megabytes: float) -> None:
+    n = int(megabytes * 2**20 / 4)
+    torch.save({"generator": {"model.patch_embedding.weight": torch.ones(n)}}, path)
+
+
+def _check_convert_failed(r: subprocess.CompletedProcess, target: Path, cause: str) -> None:
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0] == f"error: cannot write {target}: {cause}", lines[0]
+    assert not target.exists()
+    assert not [p for p in target.parent.iterdir() if p.name.startswith(".")], "temp file left"
+
+
+def test_convert_checkpoint_on_a_full_disk_is_one_line_naming_the_file(tmp_path):
+    """A tmpfs of 256 KiB and a 1 MiB checkpoint: safetensors' own writer fails (its error named
+    no file); the line names the destination and the cause, and nothing is left on the disk."""
+    _checkpoint(tmp_path / "g.pt", 1)
+    with _small_tmpfs(tmp_path / "disk", "256k") as mounted:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here; the file-size limit test below covers it")
+        target = tmp_path / "disk" / "g.safetensors"
+        r = _jbkv("convert-checkpoint", "g.pt", target, cwd=tmp_path)
+        _check_convert_failed(r, target, "No space left on device")
+        assert list(target.parent.iterdir()) == []
+
+
+def test_convert_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
+    """Where no tmpfs can be mounted, a real failed write all the same: ``ulimit -f`` (EFBIG;
+    Python ignores SIGXFSZ) stops the 1 MiB output at 256 KiB."""
+    import resource
+
+    _checkpoint(tmp_path / "g.pt", 1)
+    target = tmp_path / "out" / "g.safetensors"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    r = subprocess.run(
+        [JBKV, "convert-checkpoint", "g.pt", str(target)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        preexec_fn=limit,
+    )
+    _check_convert_failed(r, target, "File too large")
 
 
 # --- damaged files -------------------------------------------------------------------------------

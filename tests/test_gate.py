@@ -88,6 +88,21 @@ def test_incomplete_variant_fails():
     assert gate.problems == ["int2-rtn-g32: 3 of 4 videos generated, 3 scored"]
 
 
+def test_counts_are_against_the_baseline_never_more_of_fewer():
+    """Issue 22: with one reference record deleted the gate said ``2 of 1 videos generated``
+    (it counted against the run's reference videos). Counts are against the baseline's."""
+    current = copy.deepcopy(RESULT)
+    current["videos"] = VIDEOS[1:]
+    current["rows"][0]["videos"] = 3
+    gate = check_baseline(current, RESULT, TOL)
+    assert "reference: 3 of 4 videos generated" in gate.problems, gate.problems
+    assert not [p for p in gate.problems if "of 3" in p], gate.problems  # variants: 4 of 4
+    more = copy.deepcopy(RESULT)
+    more["rows"][1]["videos"] = 5
+    gate = check_baseline(more, RESULT, TOL)
+    assert gate.problems == ["int4-rtn-g32: 5 videos generated, 4 scored, the baseline has 4"]
+
+
 def test_a_variant_with_no_comparable_metric_fails():
     empty = _changed(
         rows=[

@@ -4,15 +4,18 @@
   both ranks made videos and none was made twice (per-rank counts add up to the total, each
   record names its rank);
 - scoring streams: each rank scores its videos while it is still generating (a video as soon as
-  it and its reference exist), every video once, and rank 0 merges only after every rank's
-  scores are written; one process scores each video right after making it (the order of the
-  files they commit, logged by ``tests/write_log/sitecustomize.py``);
+  it and its reference exist), every video once, each score in its own file (no rank rewrites
+  a shared file, nothing is merged); one process scores each video right after making it (the
+  order of the files they commit, logged by ``tests/write_log/sitecustomize.py``);
 - videos generated but not scored (a kill between the two) are scored on resume, also when
   their reference is made by another rank during the resumed job;
 - fidelity on 2 ranks gives the JSON of one process;
 - ``kill -9`` of one rank mid-run fails the job; one process resumes it to identical results;
 - ``kill -9`` of a single process mid-run; 2 ranks resume it to identical results;
-- a rank that cannot write its file fails the job at once, with that rank's one-line error.
+- a rank that cannot write its file fails the job at once, with that rank's one-line error;
+- SIGTERM to every rank while each writes a video: each rank prints its one line, removes its
+  temp file and exits 143;
+- ``report`` prints its table once (rank 0).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from jbkv_cli.metrics.fidelity import compare_dirs
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
 JBKV = str(PYTHON_BIN / "jbkv")
+TORCH_RUN = "torch.distributed.run"
 SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
 EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
 EVAL += ["--corrections", "none,taylor", "--no-lpips", "--no-plots"]
@@ -64,7 +68,9 @@ def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.Compl
 
 
 def _torchrun_cmd(*args: object) -> list[str]:
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
+    # the torchrun script, or the module it runs where a venv has no script (same program)
+    launcher = [TORCHRUN] if Path(TORCHRUN).is_file() else [sys.executable, "-m", TORCH_RUN]
+    return [*launcher, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, args)]
 
 
 def _torchrun(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
@@ -80,9 +86,11 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _records(run: Path) -> dict[str, dict]:
+    # not the hidden temp files of a live writer (pathlib's glob matches them; they vanish)
     return {
         str(p.relative_to(run)): json.loads(p.read_text())
         for p in sorted(run.glob("videos/*/*-*.json"))
+        if not p.name.startswith(".")
     }
 
 
@@ -90,7 +98,7 @@ def _videos(run: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(run)): p.read_bytes()
         for p in sorted(run.glob("videos/*/*"))
-        if p.suffix in (".mkv", ".mp4")
+        if p.suffix in (".mkv", ".mp4") and not p.name.startswith(".")
     }
 
 
@@ -139,75 +147,61 @@ def test_both_ranks_worked_and_no_video_was_made_twice(runs):
 
 
 def _commits(log: Path) -> list[dict]:
-    """The files a job committed, in order: rank, kind (record: a video is done; shard: a
-    rank's scores; metrics: a variant's merged scores), variant, video names in it."""
+    """The files a job committed, in order: rank, kind (record: a video is done; score: one
+    video's scores, in its own file; metrics or shard: a variant's whole score file or a rank's
+    shard, which jbkv no longer writes), variant, video name."""
     out = []
     for line in log.read_text().splitlines():
         e = json.loads(line)
         path = Path(e["path"])
         if "/metrics/shards/fidelity/" in e["path"]:
             kind = "shard"
-        elif "/metrics/fidelity/" in e["path"]:
+        elif path.parent.name == "fidelity" and path.parent.parent.name == "metrics":
             kind = "metrics"
+        elif path.parent.parent.name == "fidelity" and path.parent.parent.parent.name == "metrics":
+            kind = "score"
         elif path.parent.parent.name == "videos" and path.suffix == ".json":
             kind = "record" if path.name != "variant.json" else "variant"
         else:
             continue
         vid = path.stem if kind == "metrics" else path.parent.name
-        out.append(dict(rank=int(e["rank"]), kind=kind, vid=vid, name=path.stem, keys=e["keys"]))
+        out.append(dict(rank=int(e["rank"]), kind=kind, vid=vid, name=path.stem))
     return out
 
 
 def _scored_once(commits: list[dict]) -> Counter:
-    """(variant, video) -> how often a rank scored it; each shard write must add one video."""
-    held: dict[tuple[int, str], set[str]] = {}
-    scored: Counter = Counter()
-    for c in commits:
-        if c["kind"] != "shard":
-            continue
-        before = held.get((c["rank"], c["vid"]), set())
-        added = set(c["keys"]) - before
-        assert before <= set(c["keys"]) and len(added) == 1, c
-        held[(c["rank"], c["vid"])] = set(c["keys"])
-        scored[(c["vid"], added.pop())] += 1
-    return scored
+    """(variant, video) -> how often a rank saved its score; nothing else holds scores."""
+    assert not [c for c in commits if c["kind"] in ("shard", "metrics")], "a whole-file rewrite"
+    return Counter((c["vid"], c["name"]) for c in commits if c["kind"] == "score")
 
 
-def test_ranks_score_while_generating_each_video_once_then_rank0_merges(runs):
+def test_ranks_score_while_generating_each_video_once_in_its_own_file(runs):
     root, _ = runs
     commits = _commits(root / "two.log")
     for rank in (0, 1):  # one rank's lines are in its program order
         kinds = [c["kind"] for c in commits if c["rank"] == rank]
         last_video = max(i for i, k in enumerate(kinds) if k == "record")
-        assert "shard" in kinds[:last_video], f"rank {rank} scored only after generating"
+        assert "score" in kinds[:last_video], f"rank {rank} scored only after generating"
     scored = _scored_once(commits)
     assert len(scored) == VIDEOS * 2 // 3 and set(scored.values()) == {1}
     records = _records(root / "two/tiny")
     for c in commits:  # each video is scored by the rank that made it
-        if c["kind"] == "shard":
-            assert all(
-                records[f"videos/{c['vid']}/{n}.json"]["rank"] == c["rank"] for n in c["keys"]
-            )
-    shards = [i for i, c in enumerate(commits) if c["kind"] == "shard"]
-    merges = [i for i, c in enumerate(commits) if c["kind"] == "metrics"]
-    assert merges and min(merges) > max(shards)  # rank 0 merges after the ranks met
-    assert {commits[i]["rank"] for i in merges} == {0}
+        if c["kind"] == "score":
+            assert records[f"videos/{c['vid']}/{c['name']}.json"]["rank"] == c["rank"]
 
 
 def test_one_process_scores_each_video_right_after_making_it(runs):
     root, _ = runs
-    commits = [c for c in _commits(root / "one.log") if c["kind"] in ("record", "metrics")]
+    commits = [c for c in _commits(root / "one.log") if c["kind"] in ("record", "score")]
     variants = [
         i for i, c in enumerate(commits) if c["kind"] == "record" and c["vid"] != "reference"
     ]
     assert len(variants) == VIDEOS * 2 // 3
-    held: dict[str, set[str]] = {}
-    for i in variants:  # the next file committed is the video's score, added to its variant's
+    for i in variants:  # the next file committed is that video's score, in its own file
         made, scored = commits[i], commits[i + 1]
-        assert scored["kind"] == "metrics" and scored["vid"] == made["vid"], (made, scored)
-        assert set(scored["keys"]) == held.get(made["vid"], set()) | {made["name"]}
-        held[made["vid"]] = set(scored["keys"])
-    assert len([c for c in commits if c["kind"] == "metrics"]) == len(variants)  # once each
+        assert scored["kind"] == "score", (made, scored)
+        assert (scored["vid"], scored["name"]) == (made["vid"], made["name"]), (made, scored)
+    assert set(_scored_once(_commits(root / "one.log")).values()) == {1}  # once each
 
 
 def test_videos_made_but_not_scored_are_scored_on_resume(runs):
@@ -352,3 +346,45 @@ def test_a_rank_that_cannot_write_fails_the_job_with_its_error(runs):
     assert resumed.returncode == 0, resumed.stderr
     assert len(_records(root / "fail")) == 2 * 4 * 2
     assert not _leftovers(root / "fail")
+
+
+def test_sigterm_to_every_rank_is_one_line_each_and_exit_143(tmp_path):
+    """What SLURM does on a time limit: every process of the job gets SIGTERM. Each rank is
+    caught while a video's temp file exists (``JBKV_TEST_PAUSE``, synchronised on the files
+    the ranks write there): each one removes it, prints one line and exits 143."""
+    mark = tmp_path / "pause"
+    env = _env() | {"JBKV_TEST_PAUSE": "writing:*.mkv", "JBKV_TEST_PAUSE_FILE": str(mark)}
+    agent = subprocess.Popen(
+        _torchrun_cmd("generate", *SMALL, "--out", "run"),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    marks = [tmp_path / f"pause.rank{r}" for r in (0, 1)]
+    deadline = time.monotonic() + 240
+    while not all(m.exists() for m in marks) and agent.poll() is None:
+        assert time.monotonic() < deadline, "the ranks never reached their first video write"
+        time.sleep(0.01)
+    ranks = [_rank_pid(agent.pid, r) for r in (0, 1)]
+    assert None not in ranks and agent.poll() is None, "a rank ended before the signal"
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=120)
+    assert agent.returncode != 0
+    for r in (0, 1):  # the ranks share one stderr: a line may follow another's unended text
+        line = f"error: rank {r}/2: interrupted (SIGTERM); completed files are kept, no partial"
+        assert stderr.count(line) == 1, stderr
+        assert f"traceback : rank {r}/2: interrupted (SIGTERM)" in stderr  # its error file
+    assert stderr.count("error:") == 2, stderr
+    assert len(re.findall(r"exitcode\s+:\s*143\b", stderr)) == 2, stderr  # torchrun's summary
+    assert not _leftovers(tmp_path / "run"), "a rank left its temp file"
+    assert not list((tmp_path / "run").rglob("*.mkv")), "a video being written was kept"
+
+
+def test_report_prints_its_table_once(runs):
+    root, _ = runs
+    r = _torchrun("report", root / "one/tiny", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("INT2 rtn g32 +taylor") == 1, r.stdout  # rank 0 alone reports

@@ -227,37 +227,46 @@ def test_fidelity_table_shows_file_names_as_typed(tmp_path):
     assert (tmp_path / "[/].json").is_file()
 
 
-def test_weights_fetch_and_status_of_an_entry_named_with_markup(tmp_path, local_server):
+def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server):
     payload = b"weights for a test\n" * 1000
     (local_server.root / "w.bin").write_bytes(payload)
     entry = {
-        "name": "[bold]w[/]",
+        "name": "w",
         "group": "lpips",
-        "used_by": "a test",
+        "used_by": "a [bold]test[/]",
         "url": f"{local_server.url}/w.bin",
         "root": "torch_hub",
-        "path": "checkpoints/w.bin",
+        "path": "checkpoints/[b]w[/b].bin",
         "sha256": hashlib.sha256(payload).hexdigest(),
         "hash_source": "[red]test",
     }
     manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"files": [entry]}))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JBKV_", "TORCH_"))}
     env = base | {
         "HOME": str(tmp_path / "home"),
         "TORCH_HOME": str(tmp_path / "torch"),
         "JBKV_WEIGHTS_MANIFEST": str(manifest),
     }
-    fetched = subprocess.run(
+    # a name with markup is refused by the manifest check, printed as typed
+    manifest.write_text(json.dumps({"files": [entry | {"name": "[bold]w[/]"}]}))
+    refused = subprocess.run(
         [JBKV, "weights", "fetch", "[bold]w[/]"], env=env, capture_output=True, text=True
     )
+    lines = refused.stderr.splitlines()
+    assert refused.returncode == 1 and len(lines) == 1, refused.stderr
+    assert "name '[bold]w[/]'" in lines[0], refused.stderr
+    # markup in a destination path and in the texts beside it is printed as typed
+    manifest.write_text(json.dumps({"files": [entry]}))
+    fetched = subprocess.run(
+        [JBKV, "weights", "fetch", "w"], env=env, capture_output=True, text=True
+    )
     assert fetched.returncode == 0, fetched.stderr
-    done = [line for line in fetched.stderr.splitlines() if line.startswith("[bold]w[/]: ")]
-    assert len(done) == 1 and done[0].endswith("w.bin (sha256 checked)"), fetched.stderr
+    done = [line for line in fetched.stderr.splitlines() if line.startswith("w: ")]
+    assert len(done) == 1 and done[0].endswith("[b]w[/b].bin (sha256 checked)"), fetched.stderr
     status = subprocess.run(
         [JBKV, "weights", "status"], env=env | {"COLUMNS": "250"}, capture_output=True, text=True
     )
-    assert status.returncode == 0 and "[bold]w[/]" in status.stdout, status.stderr
+    assert status.returncode == 0 and "[b]w[/b].bin" in status.stdout, status.stderr
 
 
 # --- the HTML page ------------------------------------------------------------------------------
@@ -280,6 +289,8 @@ def _with_prompt(run_dir: Path, old: str, new: str) -> None:
     for path in (run_dir / "metrics").rglob("*.json"):
         text = path.read_text()
         path.write_text(text.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1]))
+        if path.name.startswith(old):  # a video's own score file is named after it
+            path.rename(path.with_name(new + path.name[len(old) :]))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,11 @@ form, so every backend computes it with a float mask built one query block at a 
 (``masked``), holding at most ``block × Lk`` scores per head. ``correction`` is a name or a
 :class:`~jbkv_cli.attention.correction.Correction`.
 
+Keys read from a pre-RoPE cache carry the rotation they got on read (``CachedKV.key_rotation``):
+where that changes the bias (the exact form, or steps that split RoPE pairs) attention takes the
+``masked`` path with :func:`~jbkv_cli.attention.rope.rope_bias`; per-token groups of whole pairs
+keep the post-RoPE Taylor term and every backend (:mod:`jbkv_cli.attention.rope`).
+
 Cached tokens a pruner dropped (``CachedKV.valid`` False) get ``−inf`` in every backend
 (:func:`key_mask`, a ``[B, Hq, 1, Lk]`` additive mask, or inside the ``score_mod``), so the
 output equals attention over the kept tokens alone; their correction term is irrelevant.
@@ -39,6 +44,7 @@ from jbkv_cli.attention.correction import (
     group_sq_norms,
     jensen_bias,
 )
+from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor
 
@@ -66,6 +72,7 @@ class CachedKV:
     valid: torch.Tensor | None = None
     k_step2: torch.Tensor | None = None
     k_unshrink: torch.Tensor | None = None
+    key_rotation: KeyRotation | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -104,7 +111,12 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
     return mask
 
 
-def _bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
+def cached_bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
+    """The bias ``[..., Hq, Lq, Lc]`` of ``cached``'s keys in ``method`` (``taylor``, ``exact``,
+    ``variance``, ``none``), with their rotation or, from a pre-RoPE cache, their RoPE where it
+    matters."""
+    if needs_pair_terms(cached.k_step, q.shape[-1], cached.key_rotation, method):
+        return rope_bias(q, cached.k_step, scale, method, cached.key_rotation, cached.k_step2)
     return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_step2)
 
 
@@ -125,7 +137,7 @@ def masked(
     outs = []
     for start in range(0, lq, block):
         qb = q[..., start : start + block, :]
-        bias = sign * _bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
+        bias = sign * cached_bias(qb, cached, scale, method)  # [B, Hq, b, Lc]
         mask = F.pad(bias, (0, k.shape[-2] - lc)).to(q.dtype)
         if dropped is not None:
             mask = mask + dropped
@@ -231,6 +243,9 @@ def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None) -> None:
             )
         if cached.valid is not None and cached.valid.shape != cached.k.shape[:-1]:
             raise ValueError(f"cached.valid {tuple(cached.valid.shape)} must be {want[:-1]}")
+        rot = cached.key_rotation
+        if rot is not None and (rot.num_tokens != want[-2] or cached.rotation is not None):
+            raise ValueError("cached.key_rotation must cover every cached key, without a rotation")
 
 
 def attend(
@@ -263,8 +278,10 @@ def attend(
         if cached.k_step2 is None or cached.k_step2.shape != cached.k_step.shape:
             raise ValueError(NO_NOISE_VAR)
         cached = cached.unshrunk()  # scores u·τ q·k̂ (centroid-type keys), then subtract b
-    if corr.form == "exact":
-        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, "exact", corr.sign)
+    if corr.form == "exact" or needs_pair_terms(
+        cached.k_step, q.shape[-1], cached.key_rotation, corr.form
+    ):
+        return masked(q, *concat_kv(cached, k_cur, v_cur), cached, scale, corr.form, corr.sign)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")

@@ -25,15 +25,15 @@ from typing import Protocol
 
 import torch
 
-from jbkv_cli.attention.attend import CachedKV, key_mask
+from jbkv_cli.attention.attend import CachedKV, cached_bias, key_mask
 from jbkv_cli.attention.correction import (
     Correction,
     _expand_kv_heads,
     get_correction,
-    jensen_bias,
     taylor_bias,
 )
 from jbkv_cli.attention.partition import log_partition_shift, partition_summary
+from jbkv_cli.attention.rope import KeyRotation, rope_taylor_bias
 
 
 class AttentionObserver(Protocol):
@@ -89,11 +89,16 @@ def score_noise(
     scale: float,
     rotation=None,
     valid: torch.Tensor | None = None,
+    key_rotation: KeyRotation | None = None,
 ) -> dict[str, float]:
     """Measured cached-score error vs the uniform-noise model (see module docstring), over the
-    cached tokens ``valid [B, Hkv, Lc]`` (default: all)."""
+    cached tokens ``valid [B, Hkv, Lc]`` (default: all); ``key_rotation``: keys read from a
+    pre-RoPE cache (the noise rotated with them, :mod:`jbkv_cli.attention.rope`)."""
     delta = _scores(q, k_hat.float() - k.float(), scale)  # [B, Hq, Lq, Lc]
-    var = 2.0 * taylor_bias(q, step, scale, rotation)  # (τ²/12) Σ_j Δ_ij² ‖q_j‖²
+    if key_rotation is not None:
+        var = 2.0 * rope_taylor_bias(q, step, scale, key_rotation)
+    else:
+        var = 2.0 * taylor_bias(q, step, scale, rotation)  # (τ²/12) Σ_j Δ_ij² ‖q_j‖²
     held = torch.ones_like(delta, dtype=torch.bool)
     if valid is not None:
         held &= _expand_kv_heads(valid[..., None], q.shape[-3]).transpose(-1, -2).to(q.device)
@@ -150,8 +155,7 @@ def compare_attention(
         s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
         added = None
         if cached.k_step is not None and corr.active:
-            b = jensen_bias(qb, cached.k_step, scale, corr.form, cached.rotation, cached.k_step2)
-            added = corr.sign * b
+            added = corr.sign * cached_bias(qb, cached, scale, corr.form)
             if corr.form == "variance" and cached.k_unshrink is not None:  # u·ŝ − b
                 u = _expand_kv_heads(cached.k_unshrink.float(), q.shape[-3]).transpose(-1, -2)
                 added = added + (u - 1) * s_hat[..., :lc]
@@ -209,7 +213,14 @@ class AttentionRecorder:
         if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
                 score_noise(
-                    qs, cached.k_ref, cached.k, cached.k_step, scale, cached.rotation, cached.valid
+                    qs,
+                    cached.k_ref,
+                    cached.k,
+                    cached.k_step,
+                    scale,
+                    cached.rotation,
+                    cached.valid,
+                    cached.key_rotation,
                 )
             )
 

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from jbkv_cli.console import err
-from jbkv_cli.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -36,14 +35,11 @@ def register(app: typer.Typer) -> None:
 
         The .pt is read with torch.load(weights_only=True): no pickle code ever runs. jbkv prefers
         a .safetensors next to a .pt of the same name, so the default DST is picked up by
-        --model self-forcing.
+        --model self-forcing. DST is never SRC, and a DST that convert-checkpoint did not write
+        is not overwritten; the file is written atomically (complete or absent).
         """
         from jbkv_cli.models.self_forcing.checkpoint import convert_checkpoint as convert
 
-        if not src.is_file():
-            raise UsageError(f"no checkpoint file {src}")
         target = dst if dst is not None else src.with_suffix(".safetensors")
-        if target.suffix != ".safetensors":
-            raise UsageError(f"{target}: the converted file must end in .safetensors")
         count = convert(src, target, ema=ema, lora=lora)
         err.print(f"{count} tensors → {target}", highlight=False)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli import distributed
-from jbkv_cli.atomic import check_writable_dir, check_writable_file, write_text_atomic
+from jbkv_cli.atomic import check_writable_dir, write_text_atomic
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
     DeviceOpt,
@@ -44,7 +44,7 @@ from jbkv_cli.experiment import (
 )
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import PrunableModel, VideoModel
+from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import (
     DEFAULT_MODEL,
     MODELS,
@@ -52,6 +52,7 @@ from jbkv_cli.models.registry import (
     check_prompts,
     load_model,
 )
+from jbkv_cli.outputs import check_output_file
 from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.prune.registry import build_pruner, pruner_names
 from jbkv_cli.quant.registry import method_names
@@ -64,7 +65,7 @@ from jbkv_cli.report import (
     to_markdown,
 )
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import RunDir
+from jbkv_cli.runs import RunDir, check_prompt
 
 
 def _check_model(name: str) -> None:
@@ -102,8 +103,9 @@ def _model_options(name: str, *flags: Any) -> dict[str, Any]:
 def _prompt_items(
     name: str, prompts: str | None, prompt: list[str] | None, seeds: list[int] | None
 ) -> list[tuple[str, list[int]]]:
-    """(prompt, seeds) pairs, every prompt checked for file names and for the model."""
-    items = read_prompt_items(prompts, prompt, name, seeds)
+    """(prompt, seeds) pairs, every prompt checked for file names (:func:`check_prompt`) and for
+    the model, before anything is created."""
+    items = [(check_prompt(p), s) for p, s in read_prompt_items(prompts, prompt, name, seeds)]
     check_prompts(name, [p for p, _ in items])
     return items
 
@@ -311,6 +313,7 @@ def generate(
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     distributed.setup(device)
     m = _load(model, opts)
+    spec = resolve_spec(m, spec)
     _check_specs(m, [spec])
     problem = _prune_problem(m, spec)
     if problem:
@@ -415,7 +418,7 @@ def quantize_eval(
     for name in names:
         _check_model(name)
     if json_path is not None:
-        check_writable_file(json_path, "--json")
+        check_output_file(json_path, "--json", runs=[out_dir / name for name in names])
     work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}
@@ -425,7 +428,8 @@ def quantize_eval(
     results, shows = [], []
     for name, items in work.items():
         m = _load(name, model_opts[name])
-        model_specs = _fitting_specs(m, specs) if frontier else specs
+        model_specs = resolve_specs(m, specs)
+        model_specs = _fitting_specs(m, model_specs) if frontier else model_specs
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name
@@ -570,7 +574,10 @@ def report(
         check_writable_dir(run.root / "report", "report folder")
     if score:
         check_writable_dir(run.root / "metrics", "metrics folder")
+        distributed.setup()  # under torchrun: each rank scores a share of the pairs
         score_fidelity(run, lpips=lpips)
+    if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports
+        return
     rows = build_rows(run)
     unscored = [
         r.variant

@@ -14,12 +14,13 @@ import typer
 from rich.table import Table
 
 from jbkv_cli import distributed
-from jbkv_cli.atomic import check_writable_file, write_text_atomic
+from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
 from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
+from jbkv_cli.outputs import check_output_file
 
 CSV_FIELDS = (
     "name",
@@ -65,7 +66,9 @@ def fidelity_command(
             raise UsageError(f"{flag} must be a finite number, got {value}")
     for flag, path in (("--json", json_path), ("--csv", csv_path)):
         if path is not None:
-            check_writable_file(path, flag)
+            check_output_file(path, flag, inputs=(ref, test))
+    if json_path is not None and csv_path is not None and json_path.resolve() == csv_path.resolve():
+        raise UsageError(f"--json and --csv name the same file {json_path}")
     distributed.setup()  # under torchrun: each rank scores a share of the pairs
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lpips: bool | LpipsAlex = not no_lpips

@@ -8,7 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.attention.correction import CORRECTIONS
-from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.resources import PROMPTS_DIR
 
 PromptsOpt = Annotated[
@@ -140,23 +141,28 @@ def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[
             raise UsageError(f"give --prompts FILE or --prompt TEXT for model {model!r}")
     if spec is not None:
         path = Path(spec)
-        if not path.is_file():
+        if not path.exists() or path.is_dir():
             named = PROMPTS_DIR / f"{spec}.txt"
             if not named.is_file():
                 sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
                 raise UsageError(
-                    f"no prompt file {spec!r} (named sets: {', '.join(sets) or 'none'})"
+                    f"no prompt file {shown(spec)} (named sets: {', '.join(sets) or 'none'})"
                 )
             path = named
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise JbkvError(f"cannot read prompts from {path}: {exc}") from exc
+        lines = prompt_lines(read_text(path, "prompt file", MAX_TEXT_BYTES))
         prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     prompts += [p.strip() for p in extra or [] if p.strip()]
     if not prompts:
         raise UsageError(f"no prompts in {spec}")
     return list(dict.fromkeys(prompts))
+
+
+def prompt_lines(text: str) -> list[str]:
+    """The lines of a prompt file: split on ``\\n`` and ``\\r\\n`` only. ``str.splitlines``
+    also splits on U+0085, U+000C, U+2028, U+2029 (and more), which would cut one prompt into
+    several; such a character stays in its line, where :func:`~jbkv_cli.runs.check_prompt`
+    refuses it by name."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def model_options(
@@ -170,7 +176,9 @@ def model_options(
     models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The options for ``model``: the flags, then ``-o KEY=VALUE`` (every model) and
-    ``-o MODEL.KEY=VALUE`` (that model only; ``models`` are the names a scope may take)."""
+    ``-o MODEL.KEY=VALUE`` (that model only; ``models`` are the names a scope may take).
+    ``-o`` values stay strings: each model parses them by its declared option types and bounds
+    (:func:`jbkv_cli.fields.parse_options` in its ``check_options``)."""
     opts: dict[str, Any] = {}
     for key, value in (
         ("weights", weights),
@@ -194,25 +202,48 @@ def model_options(
                 )
             if scope != model:
                 continue
-        opts[(name if dot else key).strip().replace("-", "_")] = _coerce(value.strip())
+        opts[(name if dot else key).strip().replace("-", "_")] = value.strip()
     return opts
 
 
 def parse_method_options(items: list[str] | None, methods: tuple[str, ...]) -> dict[str, dict]:
-    """``["quarot.seed=1", "qvg.centroids=16"]`` -> ``{"quarot": {"seed": 1}, ...}``."""
+    """``["quarot.seed=1", "qvg.centroids=16"]`` -> ``{"quarot": {"seed": 1}, ...}``.
+
+    ``methods`` are the method and pruner names a scope may take. Each value is parsed by the
+    option's declared type and bounds (:mod:`jbkv_cli.fields`) into its canonical value, so a
+    bad one is a usage error naming the option and its range before anything is built.
+    """
+    from jbkv_cli.fields import parse_options, specs_of
+
     out: dict[str, dict[str, Any]] = {}
     for item in items or []:
         target, sep, value = item.partition("=")
         name, dot, key = target.strip().rpartition(".")
-        if not sep or not dot or not key:
+        if not sep or not dot or not key.strip():
             raise UsageError(f"bad --method-option {shown(item)}: use METHOD.KEY=VALUE")
         if name not in methods:
             raise UsageError(
-                f"--method-option {shown(item)}: unknown method {name!r} "
+                f"--method-option {shown(item)}: unknown method {shown(name)} "
                 f"(known: {', '.join(methods)})"
             )
-        out.setdefault(name, {})[key.replace("-", "_")] = _coerce(value.strip())
+        key = key.strip().replace("-", "_")
+        if key in getattr(_option_class(name), "UNUSED_OPTIONS", ()):
+            raise UsageError(f"bad --method-option {shown(item)}: {name} does not use {key}")
+        try:
+            parsed = parse_options(specs_of(_option_class(name)), {key: value.strip()}, name)
+        except ValueError as exc:
+            raise UsageError(f"bad --method-option {shown(item)}: {exc}") from None
+        out.setdefault(name, {}).pop(key, None)
+        out[name].update(parsed)
     return out
+
+
+def _option_class(name: str) -> type:
+    """The method or pruner class registered as ``name``."""
+    from jbkv_cli.prune.registry import PRUNERS
+    from jbkv_cli.quant.registry import METHODS
+
+    return METHODS.get(name) or PRUNERS[name]
 
 
 def resolve_device(device: str | None) -> str:
@@ -225,12 +256,3 @@ def resolve_device(device: str | None) -> str:
     if not (device == "cpu" or device.startswith("cuda")):
         raise UsageError(f"--device must be cpu or cuda[:N], got {device!r}")
     return device
-
-
-def _coerce(value: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(value.lower(), value)

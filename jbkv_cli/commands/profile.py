@@ -1,4 +1,9 @@
-"""``jbkv profile-heads``: Forcing-KV's offline head profiling for a model and prompt set."""
+"""``jbkv profile-heads``: Forcing-KV's offline head profiling for a model and prompt set.
+
+By default upstream's rule (``configs_head/head_profile.py``: static iff the mass on the last 4
+key frames over the mass after the sink frame is ≥ 0.8), the profile ``forcing-kv`` reads;
+``--rule local-mass`` is jbkv's earlier rule, the one ``forcing-kv-history``'s shipped profile
+was made with (:mod:`jbkv_cli.prune.profile`)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from jbkv_cli.atomic import check_writable_file, write_text_atomic
+from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.commands.experiment import NO_LAYOUT, _load, _model_options, _prompt_items
 from jbkv_cli.commands.options import (
     DeviceOpt,
@@ -26,13 +31,19 @@ from jbkv_cli.commands.options import (
     parse_seeds,
 )
 from jbkv_cli.console import err, out
-from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.models.base import PrunableModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
+from jbkv_cli.outputs import check_output_file
 from jbkv_cli.prune.profile import (
     DEFAULT_ANCHOR_FRAMES,
-    DEFAULT_THRESHOLD,
+    DEFAULT_RULE,
+    LAST_FRAMES,
+    RULES,
+    SKIP_FRAMES,
+    THRESHOLDS,
     FrameMassProbe,
+    Rule,
     profile_document,
     summarize,
 )
@@ -43,18 +54,46 @@ def profile_heads(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")
     ] = DEFAULT_MODEL,
+    rule: Annotated[
+        str,
+        typer.Option(
+            help=f"Classification: {' or '.join(RULES)} (upstream's head_profile.py; jbkv's "
+            "earlier rule, for forcing-kv-history)."
+        ),
+    ] = DEFAULT_RULE,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            help="Static when the score is at least this (0..1; default: "
+            + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items())
+            + ")."
+        ),
+    ] = None,
+    last_frames: Annotated[
+        int | None,
+        typer.Option(
+            "--last-frames",
+            min=1,
+            help=f"forcing-kv rule: key frames counted as local, the newest ({LAST_FRAMES}).",
+        ),
+    ] = None,
+    skip_frames: Annotated[
+        int | None,
+        typer.Option(
+            "--skip-frames",
+            min=0,
+            help=f"forcing-kv rule: first key frames left out of the denominator ({SKIP_FRAMES}).",
+        ),
+    ] = None,
     anchor_frames: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--anchor-frames",
             min=1,
-            help="Most recent cached frames counted as local (the transition anchors).",
+            help="local-mass rule: most recent cached frames counted as local "
+            f"({DEFAULT_ANCHOR_FRAMES}).",
         ),
-    ] = DEFAULT_ANCHOR_FRAMES,
-    threshold: Annotated[
-        float,
-        typer.Option(help="Static when the local attention mass is at least this (0..1)."),
-    ] = DEFAULT_THRESHOLD,
+    ] = None,
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
     seeds: SeedsOpt = None,
@@ -67,12 +106,11 @@ def profile_heads(
 ) -> None:
     """Profile attention heads for Forcing-KV: frame-level attention mass with a full-precision
     cache, static/dynamic per (layer, KV head), written as the JSON `-M forcing-kv.profile=`
-    reads."""
-    if not math.isfinite(threshold) or not 0.0 <= threshold <= 1.0:
-        raise UsageError(f"--threshold must be in [0, 1], got {threshold}")
+    reads (`--rule local-mass`: what `-M forcing-kv-history.profile=` was made for)."""
+    chosen = _rule(rule, threshold, last_frames, skip_frames, anchor_frames)
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
-    check_writable_file(out_path, "--out")
+    check_output_file(out_path, "--out")
     items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     flags = (weights, num_chunks, steps, window, device, model_option)
     m = _load(model, _model_options(model, *flags))
@@ -84,20 +122,51 @@ def profile_heads(
         for seed in seed_list:
             m.profile_heads(text, seed, probe)
     try:
-        measured = summarize(probe, layout["layers"], layout["kv_heads"], anchor_frames, threshold)
+        measured = summarize(probe, layout["layers"], layout["kv_heads"], chosen)
     except ValueError as exc:
         raise JbkvError(f"profile-heads on {model}: {exc}") from None
-    command = _command(model, anchor_frames, threshold, prompts, prompt, seeds, flags, out_path)
+    command = _command(model, chosen, prompts, prompt, seeds, flags, out_path)
     doc = profile_document(model, m.settings, probe, measured, command)
     write_text_atomic(out_path, json.dumps(doc, indent=2) + "\n")
     _print(doc)
     err.print(f"wrote {out_path}", highlight=False)
 
 
-def _command(model, anchor, threshold, prompts, prompt, seeds, flags, out_path) -> str:
-    """The command line that makes this profile again (options as given)."""
-    args = ["jbkv", "profile-heads", "--model", model, "--anchor-frames", str(anchor)]
-    args += ["--threshold", f"{threshold:g}"]
+def _rule(
+    name: str,
+    threshold: float | None,
+    last: int | None,
+    skip: int | None,
+    anchor: int | None,
+) -> Rule:
+    """The :class:`Rule` the options ask for; a usage error for an option of the other rule."""
+    if name not in RULES:
+        raise UsageError(f"--rule must be one of {', '.join(RULES)}, got {shown(name)}")
+    if threshold is not None and (not math.isfinite(threshold) or not 0.0 <= threshold <= 1.0):
+        raise UsageError(f"--threshold must be in [0, 1], got {threshold}")
+    other = {"--last-frames": last, "--skip-frames": skip}
+    if name == "forcing-kv":
+        other = {"--anchor-frames": anchor}
+    for flag, value in other.items():
+        if value is not None:
+            raise UsageError(f"{flag} does not go with --rule {name}")
+    return Rule(
+        name,
+        threshold,
+        LAST_FRAMES if last is None else last,
+        SKIP_FRAMES if skip is None else skip,
+        DEFAULT_ANCHOR_FRAMES if anchor is None else anchor,
+    )
+
+
+def _command(model, rule: Rule, prompts, prompt, seeds, flags, out_path) -> str:
+    """The command line that makes this profile again (options resolved)."""
+    args = ["jbkv", "profile-heads", "--model", model, "--rule", rule.name]
+    if rule.name == "local-mass":
+        args += ["--anchor-frames", str(rule.anchor_frames)]
+    else:
+        args += ["--last-frames", str(rule.last_frames), "--skip-frames", str(rule.skip_frames)]
+    args += ["--threshold", f"{rule.threshold:g}"]
     args += ["--prompts", prompts] if prompts else []
     for p in prompt or []:
         args += ["--prompt", p]
@@ -111,12 +180,18 @@ def _command(model, anchor, threshold, prompts, prompt, seeds, flags, out_path) 
 
 
 def _print(doc: dict) -> None:
+    if doc["rule"] == "local-mass":
+        what = f"local mass = current chunk + {doc['anchor_frames']} anchor frame(s)"
+    else:
+        what = (
+            f"score = mass on the last {doc['last_frames']} key frames / mass after the first "
+            f"{doc['skip_frames']}"
+        )
     table = Table(
-        title=f"{doc['model']} heads · local mass = current chunk + {doc['anchor_frames']} "
-        f"anchor frame(s) · static when ≥ {doc['threshold']:g}",
+        title=f"{doc['model']} heads · {what} · static when ≥ {doc['threshold']:g}",
         title_justify="left",
     )
-    for col in ("layer", "KV head", "class", "local mass", "mass by recency (1st, 2nd, …)"):
+    for col in ("layer", "KV head", "class", "score", "mass by recency (1st, 2nd, …)"):
         table.add_column(col, justify="left" if col in ("class",) else "right")
     for i, layer in enumerate(doc["layers"]):
         for h, kind in enumerate(layer["heads"]):
@@ -125,7 +200,7 @@ def _print(doc: dict) -> None:
                 str(i),
                 str(h),
                 kind,
-                f"{layer['local_mass'][h]:.3f}",
+                f"{layer['score'][h]:.3f}",
                 " ".join(f"{x:.2f}" for x in frames),
             )
     out.print(table)

@@ -15,6 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from jbkv_cli import distributed
 from jbkv_cli.console import err, error, out, plain, visible, warn
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
@@ -70,6 +71,7 @@ def fetch_command(
     ] = False,
 ) -> None:
     """Download to the conventional locations: resumable, SHA-256 checked, atomic."""
+    _refuse_torchrun()
     entries = _select(targets)
     try:
         base = resolve_mirror(mirror)
@@ -105,13 +107,24 @@ def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err, transient=True) as progress:
+    # no bar where stderr is not a terminal (logs, pipes): it would only leave blank lines
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(visible(entry.name), total=entry.size)
 
         def report(done: int, total: int | None) -> None:
             progress.update(task, completed=done, total=total)
 
-        return fetch_entry(entry, mirror=mirror, progress=report)
+        return fetch_entry(entry, mirror=mirror, progress=report, warn=warn)
+
+
+def _refuse_torchrun() -> None:
+    """Ranks of one job would stream into the same ``.part``: fetching is one process's job."""
+    job = distributed.launch()  # a malformed torchrun environment is a usage error itself
+    if job is not None:
+        raise UsageError(
+            f"weights fetch runs as one process, not under torchrun (WORLD_SIZE="
+            f"{job.world_size}); run it once before the job"
+        )
 
 
 def _select(targets: list[str] | None) -> list[WeightEntry]:

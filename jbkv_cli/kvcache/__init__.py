@@ -4,6 +4,7 @@
 
 from jbkv_cli.kvcache.cache import ChunkKVCache
 from jbkv_cli.kvcache.layers import HeadLayout, PeakBytes, layer_caches, nbytes_by_kind
+from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spec import FULL_PRECISION, REFERENCE_ID, KVSpec
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "ChunkKVCache",
     "HeadLayout",
     "KVSpec",
+    "KeyRope",
     "PeakBytes",
     "layer_caches",
     "nbytes_by_kind",

@@ -24,6 +24,17 @@ What it does, in order:
 
 ``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
 
+**Spans** (QuantVideoGen's policy, :mod:`jbkv_cli.kvcache.spans`). A method whose
+``cache_policy()`` is not per chunk keeps finished chunks exact until their span is due, then
+compresses the span's chunks still held with one call (one codebook); a compressed span is held,
+and counted, whole until its last chunk is evicted. Sink chunks past the policy's
+``sink_keep_chunks`` are compressed as spans of their own.
+
+**Pre-RoPE keys** (``rope``, a :class:`~jbkv_cli.kvcache.rope.KeyRope`). Keys are committed
+before RoPE with their ``position`` and rotated on every read, at that position or at the one
+``positions`` gives (by commit index); the read carries the rotation (``CachedKV.key_rotation``)
+so the correction follows the rotated noise (:mod:`jbkv_cli.attention.rope`).
+
 **Pruning.** With a ``spec.pruner`` the model gives each layer's cache its ``pruning`` state
 (:class:`~jbkv_cli.prune.base.LayerPruning`): at commit it decides which tokens each KV head
 keeps, those are stored per (batch, KV head) by the methods (prune, then quantize;
@@ -34,6 +45,7 @@ carry ``valid [B, Hkv, Lc]`` so attention masks what was dropped. Sinks are neve
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -41,10 +53,13 @@ import torch
 from jbkv_cli.attention.attend import CachedKV, attend
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache.pruned import PrunedChunk
+from jbkv_cli.kvcache.rope import KeyRope
+from jbkv_cli.kvcache.spans import Span, SpanSlice, held_spans, span_members
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.prune.base import LayerPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MIXED, measure_noise
+from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import (
@@ -89,6 +104,8 @@ class _Chunk:
     ref: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     serial: int = 0  # commits before this one
     pruned: PrunedChunk | None = None  # stored per (batch, KV head) instead of ``sides``
+    waiting: set[str] = field(default_factory=set)  # roles exact until their span is due
+    position: int | None = None  # where its pre-RoPE keys are rotated (rope layout)
 
     @property
     def nbytes(self) -> int:
@@ -106,11 +123,15 @@ class ChunkKVCache:
         keep_view: bool | None = None,
         observer: AttentionObserver | None = None,
         pruning: LayerPruning | None = None,
+        rope: KeyRope | None = None,
     ) -> None:
         if window is not None and window < 0:
             raise ValueError(f"window must be >= 0 chunks or None, got {window}")
         if (spec.pruner is None) != (pruning is None):
             raise ValueError("a cache gets its layer's pruning state exactly when the spec prunes")
+        self.rope = rope
+        self.policies = {role: _policy(spec, role) for role in ROLES}
+        _check_policies(spec, self.policies, rope)
         self.pruning = pruning
         self.peak_by_kind: dict[str, int] = {}
         self.spec = spec
@@ -147,6 +168,8 @@ class ChunkKVCache:
             stored = method.quantize(x, role, self.queries)
         else:
             stored = method.quantize(x, role)
+        if self.rope is not None and role == "key" and stored.rotation is not None:
+            raise ValueError(f"{method.label} rotates keys: it cannot store them before RoPE")
         if role == "key" and self._signed and stored.noise_model == MIXED:
             stored = measure_noise(x, stored)  # κ per group, FP8, counted in nbytes
         return stored
@@ -155,41 +178,83 @@ class ChunkKVCache:
         method = self._method(role) or self.spec.key
         return method.step_groups(self._head_dim, role) if method else 1
 
-    def commit(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store one finished chunk's post-RoPE ``k``, ``v`` ``[B, Hkv, L, D]``."""
+    def commit(self, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None:
+        """Store one finished chunk's ``k``, ``v`` ``[B, Hkv, L, D]``: post-RoPE keys, or, with
+        ``rope``, keys before RoPE and the ``position`` to rotate them at."""
         if k.ndim != 4 or k.shape != v.shape:
             raise ValueError(
                 f"k and v must both be [B, Hkv, L, D], got {tuple(k.shape)}, {tuple(v.shape)}"
+            )
+        if (self.rope is None) != (position is None):
+            raise ValueError(
+                "a pre-RoPE cache needs each chunk's position, a post-RoPE cache takes none"
             )
         layout = (*k.shape[:2], k.shape[3])
         if self._layout is not None and layout != self._layout:
             raise ValueError(f"chunk shape {tuple(k.shape)} does not match the cache's chunks")
         self._layout, self._head_dim = layout, k.shape[-1]
         sink = self.committed < self.spec.sink_chunks
-        chunk = _Chunk({}, sink, k.shape[-2], k.device, serial=self.committed)
+        chunk = _Chunk({}, sink, k.shape[-2], k.device, serial=self.committed, position=position)
         if self.pruning is not None and not sink:
             chunk.pruned = self._commit_pruned(k, v)
         for role, x in zip(ROLES, (k, v), strict=True) if chunk.pruned is None else ():
-            method = None if sink else self._method(role)
+            policy = self.policies[role]
+            exact = sink and policy.keeps_sink(chunk.serial)
+            method = None if exact else self._method(role)
             if method is None:
                 chunk.sides[role] = _Side([RawTensor(x)])
+            elif not policy.per_chunk:
+                chunk.sides[role] = _Side([RawTensor(x)])  # until its span is due
+                chunk.waiting.add(role)
             elif method.residual_tokens(role) > 0:
                 chunk.sides[role] = _Side([], x)  # compressed by _settle when pushed out
             else:
                 chunk.sides[role] = _Side([self._store(method, x, role)])
-        if self.spec.bias_only and not sink:
-            predicted = self._store(self.spec.key, k, "key")
-            chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
+        keeps = sink and self.policies["key"].keeps_sink(chunk.serial)
+        if self.spec.bias_only and not keeps:
+            if self.policies["key"].per_chunk:
+                predicted = self._store(self.spec.key, k, "key")
+                chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
+            else:
+                chunk.waiting.add("bias")
         if self.observer is not None:
             chunk.ref = (k.detach().clone(), v.detach().clone())
         self.chunks.append(chunk)
         self.committed += 1
+        self._compress_spans()
         self._settle()
         self._evict()
         self._view = None
         if self.pruning is not None and self.nbytes >= self.peak_nbytes:
             self.peak_by_kind = self.nbytes_by_kind()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+
+    def _compress_spans(self) -> None:
+        """Compress the span that is due now, per role (module docstring, **Spans**); under the
+        bias-only ablation the keys' span only sets the steps the method would have used."""
+        for role in (*ROLES, "bias"):
+            policy = self.policies["key" if role == "bias" else role]
+            index = policy.due(self.committed)
+            if index is None:
+                continue
+            waiting = {c.serial: c for c in self.chunks if role in c.waiting}
+            for group in span_members(policy, index, waiting, self.spec.sink_chunks):
+                members = [waiting[s] for s in group]
+                self._compress(role, members)
+
+    def _compress(self, role: str, members: list[_Chunk]) -> None:
+        side = "key" if role == "bias" else role
+        x = torch.cat([c.sides[side].parts[0].dequantize() for c in members], dim=-2)
+        method = self.spec.key if role == "bias" else self._method(side)
+        stored = self._store(method, x, side)
+        span = Span(stored, tuple(c.serial for c in members), tuple(c.length for c in members))
+        for c in members:
+            c.waiting.discard(role)
+            piece = SpanSlice(span, c.serial)
+            if role == "bias":
+                c.bias_step, c.bias_rotation = piece.step, piece.rotation
+            else:
+                c.sides[side] = _Side([piece])
 
     def _stored_as(self, role: Role, x: torch.Tensor) -> QuantizedTensor:
         method = self._method(role)
@@ -238,11 +303,15 @@ class ChunkKVCache:
     def num_tokens(self) -> int:
         return sum(c.length for c in self.chunks)
 
+    def _spans(self) -> list[Span]:
+        """The compressed spans still held: every one with a chunk in the window."""
+        return held_spans([p for c in self.chunks for s in c.sides.values() for p in s.parts])
+
     @property
     def nbytes(self) -> int:
-        """Bytes held by the stored chunks (codes, steps, zero points or exact values), and by
-        the pruner's state when pruning."""
-        held = sum(c.nbytes for c in self.chunks)
+        """Bytes held by the stored chunks (codes, steps, zero points or exact values; each
+        held span once, whole), and by the pruner's state when pruning."""
+        held = sum(c.nbytes for c in self.chunks) + sum(s.nbytes for s in self._spans())
         if self.pruning is not None:
             held += sum(self.pruning.nbytes_by_kind().values())
         return held
@@ -288,15 +357,28 @@ class ChunkKVCache:
             regular = regular[len(regular) - last :] if last > 0 else []
         return [c for c in self.chunks if c.sink] + regular
 
-    def read(self, last: int | None = None) -> CachedKV | None:
-        """The sinks plus the last ``last`` chunks (default: the whole window), dequantized."""
+    def read(
+        self, last: int | None = None, positions: Mapping[int, int] | None = None
+    ) -> CachedKV | None:
+        """The sinks plus the last ``last`` chunks (default: the whole window), dequantized;
+        pre-RoPE keys rotated at their positions, or at ``positions[commit index]``."""
         if last is not None and last < 0:
             raise ValueError(f"last must be >= 0 chunks or None, got {last}")
-        key = (self.committed, last)
+        if positions and self.rope is None:
+            raise ValueError("read positions need a pre-RoPE cache (rope)")
+        key = (self.committed, last, tuple(sorted((positions or {}).items())))
         if self._view is not None and self._view[0] == key:
             return self._view[1]
         chunks = self._selected(last)
-        view = self._assemble(chunks) if chunks else None
+        view = None
+        if chunks:
+            try:
+                view = self._assemble(chunks)
+                if self.rope is not None:
+                    self._rotate(view, chunks, positions or {})
+            finally:
+                for span in self._spans():
+                    span.release()
         keep = self.keep_view
         if keep is None:
             keep = not chunks or chunks[0].device.type == "cpu"
@@ -331,6 +413,25 @@ class ChunkKVCache:
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
         return view
+
+    def _rotate(self, view: CachedKV, chunks: list[_Chunk], positions: Mapping[int, int]) -> None:
+        """Rotate the view's pre-RoPE keys (and their exact copies) chunk by chunk at their
+        read positions; record the rotation for the correction when keys are quantized."""
+        at = [positions.get(c.serial, c.position) for c in chunks]
+        bounds = torch.tensor([0, *(c.length for c in chunks)]).cumsum(0).tolist()
+
+        def rotated(x: torch.Tensor) -> torch.Tensor:
+            parts = [
+                self.rope.rotate(x[..., a:b, :], p)
+                for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
+            ]
+            return torch.cat(parts, dim=-2)
+
+        view.k = rotated(view.k)
+        if view.k_ref is not None:
+            view.k_ref = rotated(view.k_ref)
+        if view.k_step is not None:
+            view.key_rotation = self.rope.rotation(at)
 
     def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:
         """The kept tokens at their positions, ``valid`` marking them (sinks: all)."""
@@ -367,9 +468,11 @@ class ChunkKVCache:
         scale: float,
         last: int | None = None,
         backend: str | None = None,
+        positions: Mapping[int, int] | None = None,
     ) -> torch.Tensor:
-        """Attention of ``q`` over ``[cached (last chunks) | current]`` with the spec's correction."""
-        cached = self.read(last)
+        """Attention of ``q`` over ``[cached (last chunks) | current]`` with the spec's correction
+        (``positions``: read positions of pre-RoPE chunks, as :meth:`read`)."""
+        cached = self.read(last, positions)
         correction = self.spec.correction_
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
         if self.queries is not None:
@@ -385,3 +488,22 @@ class ChunkKVCache:
         ):
             obs.observe(q, k_cur, v_cur, cached, scale, correction, layer=self.layer)
         return out
+
+
+def _policy(spec: KVSpec, role: Role) -> SpanPolicy:
+    """The span policy of the method storing ``role`` (per chunk when it stays exact)."""
+    method = spec.key if role == "key" else spec.value
+    return PER_CHUNK if method is None else method.cache_policy()
+
+
+def _check_policies(spec: KVSpec, policies: dict[str, SpanPolicy], rope: KeyRope | None) -> None:
+    """Refuse the combinations the cache cannot store (``ValueError``)."""
+    spanned = any(not p.per_chunk or p.sink_keep_chunks is not None for p in policies.values())
+    if spanned and spec.pruner is not None:
+        raise ValueError(f"{spec.label}: spans and sink-keep are not implemented for pruned caches")
+    for role in ROLES:
+        method = spec.key if role == "key" else spec.value
+        if method is not None and not policies[role].per_chunk and method.residual_tokens(role):
+            raise ValueError(f"{method.label} keeps a residual of exact tokens: no spans")
+    if rope is not None and spec.pruner is not None:
+        raise ValueError("the pre-RoPE layout is not implemented for pruned caches")

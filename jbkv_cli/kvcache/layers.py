@@ -18,6 +18,7 @@ from typing import TypedDict
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache.cache import ChunkKVCache
+from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spec import KVSpec
 
 
@@ -39,13 +40,19 @@ def layer_caches(
     kv_heads: int,
     frame_tokens: int,
     observer: AttentionObserver | None = None,
+    rope: KeyRope | None = None,
 ) -> list[ChunkKVCache]:
     """One cache per layer of ``model``, with the pruner's plan for each layer when
-    ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout)."""
+    ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout); ``rope``:
+    the caches hold keys before RoPE and rotate them on read (one table for every layer)."""
+    if rope is None and spec.key_layout == "pre-rope":
+        raise ValueError(f"{spec.label} caches keys before RoPE, which {model} does not support")
     plans: list = [None] * layers
     if spec.pruner is not None:
         plans = spec.pruner.plans(model, layers, kv_heads, frame_tokens)
-    caches = [ChunkKVCache(spec, window, observer=observer, pruning=plan) for plan in plans]
+    caches = [
+        ChunkKVCache(spec, window, observer=observer, pruning=plan, rope=rope) for plan in plans
+    ]
     for index, cache in enumerate(caches):
         cache.layer = index  # the diagnostics record per layer
     return caches

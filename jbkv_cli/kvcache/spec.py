@@ -17,12 +17,12 @@ pruner. The variant's label and id (its run-folder name) derive from these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jbkv_cli.attention.correction import CORRECTIONS, Correction, get_correction
 from jbkv_cli.prune.base import KVPruner
-from jbkv_cli.prune.registry import build_pruner
+from jbkv_cli.prune.registry import pruner_from_record
 from jbkv_cli.prune.registry import table_rank as pruner_rank
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
@@ -50,6 +50,17 @@ class KVSpec:
             raise ValueError(f"sink_chunks must be >= 0, got {self.sink_chunks}")
         if self.pruner is not None and not corr.quantizes:
             raise ValueError(f"{self.pruner.name} cannot be combined with the bias-only ablation")
+        if self.pruner is not None:
+            for m in (self.key, self.value):
+                policy = None if m is None else m.cache_policy()
+                if policy is not None and (
+                    not policy.per_chunk or policy.sink_keep_chunks is not None
+                ):
+                    raise ValueError(
+                        f"{m.label}: spans and sink-keep are not implemented for pruned caches"
+                    )
+            if self.key_layout == "pre-rope":
+                raise ValueError("the pre-RoPE key layout is not implemented for pruned caches")
 
     @classmethod
     def build(
@@ -81,7 +92,27 @@ class KVSpec:
         key, value = method if keys else None, method if values else None
         return cls(key, value, correction, sink_chunks, pruner)
 
+    def for_model(self, model: str, chunk_tokens: int | None = None) -> KVSpec:
+        """The spec as ``model`` (``name`` or ``name:config``) runs it: each method's options
+        left to the model filled in (:meth:`~jbkv_cli.quant.method.KVMethod.for_model`; QVG's
+        cache policy and K rule), for chunks of ``chunk_tokens`` tokens when known."""
+        pruned = self.pruner is not None
+
+        def fill(m: KVMethod | None) -> KVMethod | None:
+            return None if m is None else m.for_model(model, chunk_tokens, pruned=pruned)
+
+        key, value = fill(self.key), fill(self.value)
+        return (
+            self if (key, value) == (self.key, self.value) else replace(self, key=key, value=value)
+        )
+
     # --- what it is -------------------------------------------------------------------------
+
+    @property
+    def key_layout(self) -> str:
+        """How keys are cached: ``post-rope`` (rotated, the default) or ``pre-rope`` (rotated on
+        read), as the variant's method asks (:mod:`jbkv_cli.attention.rope`)."""
+        return self.method.key_layout() if self.method is not None else "post-rope"
 
     @property
     def correction_(self) -> Correction:
@@ -262,7 +293,7 @@ def _pruner(data: dict[str, Any] | None) -> KVPruner | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         raise ValueError("a pruner must be an object with a 'name'")
-    return build_pruner(data["name"], **{k: v for k, v in data.items() if k != "name"})
+    return pruner_from_record(data)
 
 
 FULL_PRECISION = KVSpec()

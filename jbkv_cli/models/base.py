@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.errors import UsageError
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import KVSpec
 
@@ -73,3 +74,20 @@ class PrunableModel(VideoModel, Protocol):
         :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is told the chunk
         and denoising step before each forward."""
         ...
+
+
+def resolve_spec(model: VideoModel, spec: KVSpec) -> KVSpec:
+    """``spec`` as ``model`` runs it: the model's ``resolve_kv`` (its chunk size known), else
+    :meth:`KVSpec.for_model` by name — each method's options left to the model filled in
+    (QuantVideoGen's cache policy and K rule, :mod:`jbkv_cli.quant.qvg_policy`). Pre-RoPE keys
+    on a model that cannot cache them (no ``pre_rope = True``) are a :class:`UsageError`."""
+    resolve = getattr(model, "resolve_kv", None)
+    spec = resolve(spec) if resolve is not None else spec.for_model(model.name)
+    if spec.key_layout == "pre-rope" and not getattr(model, "pre_rope", False):
+        raise UsageError(f"{spec.label}: model {model.name} cannot cache keys before RoPE")
+    return spec
+
+
+def resolve_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """:func:`resolve_spec` of each, in order, duplicates dropped."""
+    return list(dict.fromkeys(resolve_spec(model, s) for s in specs))

@@ -20,6 +20,12 @@ so one loaded model serves every variant and diffusers' code stays untouched):
 All processors share one :class:`ChunkContext`, the mutable state the generation loop sets
 before each forward: which per-layer caches to use (one set per CFG branch), whether this
 forward commits its keys and values, and the frame offset.
+
+**Pre-RoPE keys** (``ChunkContext.key_rope``, from :func:`wan_key_rope`): the processor commits
+the keys before RoPE, at the chunk's frame offset, and the caches (built with the same
+:class:`~jbkv_cli.kvcache.rope.KeyRope`) rotate them on read with the model's own table — as
+QuantVideoGen's Self-Forcing integration does (``attn_kv_cache_prerope``). The current chunk
+attends to its own rotated keys either way.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from jbkv_cli.attention.rope import rotate_pairs
+from jbkv_cli.kvcache.rope import KeyRope
 
 
 class LayerCache(Protocol):
@@ -44,7 +53,7 @@ class LayerCache(Protocol):
         backend: str | None = None,
     ) -> torch.Tensor: ...
 
-    def commit(self, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def commit(self, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None: ...
 
 
 @dataclass
@@ -57,12 +66,15 @@ class ChunkContext:
             (``[B, H, L_chunk, D]``) to its cache, after attending.
         frame_offset: absolute latent-frame index of the current chunk's first frame.
         backend: jbkv attention backend (``fused``, ``flex``, ``reference``); None: the default.
+        key_rope: set when the caches hold keys before RoPE: commits then carry the un-rotated
+            keys and ``frame_offset`` as their position.
     """
 
     caches: Sequence[LayerCache] = field(default_factory=list)
     commit: bool = False
     frame_offset: int = 0
     backend: str | None = None
+    key_rope: KeyRope | None = None
 
 
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -74,9 +86,7 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
     Shapes: ``x`` ``[B, L, H, D]``; ``cos``, ``sin`` ``[1, L, 1, D]``.
     """
-    xt = x.to(cos.dtype)
-    rotated = torch.stack((-xt[..., 1::2], xt[..., 0::2]), dim=-1).flatten(-2)
-    return (xt * cos + rotated * sin).to(x.dtype)
+    return rotate_pairs(x, cos, sin, "interleaved")
 
 
 class CachedSelfAttnProcessor:
@@ -113,16 +123,19 @@ class CachedSelfAttnProcessor:
             q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         q, k = attn.norm_q(q), attn.norm_k(k)
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, L, H, D]
+        k_pre = k
         if rotary_emb is not None:
             q = rotate_interleaved(q, *rotary_emb)
             k = rotate_interleaved(k, *rotary_emb)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, L, D]
+        q, k, v, k_pre = (t.transpose(1, 2) for t in (q, k, v, k_pre))  # [B, H, L, D]
 
         cache = self.context.caches[self.layer]
         out = cache.attend(
             q, k, v, scale=q.shape[-1] ** -0.5, backend=self.context.backend
         )  # [B, H, L, D]
-        if self.context.commit:
+        if self.context.commit and self.context.key_rope is not None:
+            cache.commit(k_pre, v, position=self.context.frame_offset)
+        elif self.context.commit:
             cache.commit(k, v)
 
         out = out.transpose(1, 2).flatten(2).type_as(q)
@@ -149,6 +162,19 @@ def shifted_rotary(rope: torch.nn.Module, hidden_states: torch.Tensor, frame_off
     cos, sin = rope.forward(shape_only)
     tokens = (f // p_t) * (h // rope.patch_size[1]) * (w // rope.patch_size[2])
     return cos[:, -tokens:], sin[:, -tokens:]
+
+
+def wan_key_rope(transformer: Any, latents: torch.Tensor) -> KeyRope:
+    """The :class:`KeyRope` of a Wan-family ``transformer`` for chunks shaped like ``latents``
+    ``[B, C, F, H, W]``: interleaved pairs; the table at position ``p`` is the rope module's for
+    frames ``[p, p + F)`` (:func:`shifted_rotary`), as ``[L, D]``."""
+    shape = torch.empty(latents.shape, device="meta")
+
+    def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = shifted_rotary(transformer.rope, shape, position)
+        return cos[0, :, 0], sin[0, :, 0]
+
+    return KeyRope("interleaved", table)
 
 
 @contextmanager

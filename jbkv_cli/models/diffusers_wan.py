@@ -11,17 +11,21 @@ in code) so whole generation paths run on a CPU in tests.
 from __future__ import annotations
 
 import html
-import json
 import string
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
-from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout
+from jbkv_cli.errors import UsageError, WeightsNotFoundError
+from jbkv_cli.fields import Spec
+from jbkv_cli.jsonio import FileReadError, read_json
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KeyRope, KVSpec
+from jbkv_cli.models import limits
 from jbkv_cli.models.base import Video
+from jbkv_cli.models.diffusers_cache import wan_key_rope
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.quant.qvg_policy import LAYOUTS
 
 TINY_TEXT_DIM = 32
 TINY_MAX_SEQUENCE_LENGTH = 16
@@ -68,9 +72,9 @@ def transformer_config(root: Path, class_name: str, expected: str) -> dict[str, 
     :class:`WeightsNotFoundError` (``expected`` says what should be there)."""
     path = root / "transformer" / "config.json"
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsNotFoundError(f"malformed {path}: {first_line(exc)}") from exc
+        config = read_json(path, finite=False)  # a regular file, at most 64 MiB
+    except FileReadError as exc:
+        raise WeightsNotFoundError(f"malformed {path}: {exc.reason}") from exc
     found = config.get("_class_name") if isinstance(config, dict) else None
     if found != class_name:
         raise WeightsNotFoundError(
@@ -172,11 +176,31 @@ class WanHeads:
 
     components: Any
     config: Any
+    pre_rope = True  # its caches can hold keys before RoPE (:meth:`key_rope`)
 
     def head_layout(self) -> HeadLayout:
         """Blocks, heads and tokens per latent frame (:func:`head_layout`)."""
         c, s = self.components, self.config
         return head_layout(c.transformer, c.vae, s.height, s.width)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Tokens of one chunk (``chunk_frames`` latent frames)."""
+        return self.head_layout()["frame_tokens"] * self.config.chunk_frames
+
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        """``kv`` as this model runs it (:meth:`KVSpec.for_model` for ``name:config``)."""
+        return kv.for_model(f"{self.name}:{self.config.config}", self.chunk_tokens)  # type: ignore[attr-defined]
+
+    def key_rope(self, kv: KVSpec, layout: str | None, latents: torch.Tensor) -> KeyRope | None:
+        """The caches' :class:`KeyRope` for chunks shaped like ``latents`` when keys are cached
+        before RoPE — the spec's method asks for it, or ``layout`` is ``pre-rope`` (whatever the
+        spec; ``post-rope`` or None: as the spec) — else None."""
+        if layout is not None and layout not in LAYOUTS:
+            raise UsageError(f"key layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if "pre-rope" not in (layout, kv.key_layout):
+            return None
+        return wan_key_rope(self.components.transformer, latents)
 
     def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` measures every
@@ -290,6 +314,43 @@ def tiny_vae_and_text_encoder(vocab_size: int) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------- options
 
 ATTENTION_BACKENDS = ("fused", "flex", "reference")
+MAX_LATENT_FRAMES = 1024  # Wan 2.1's rotary table (rope_max_seq_len); tiny-random: its own
+
+# The options both Wan-family adapters take (each adds its own); see jbkv_cli.models.limits.
+WAN_OPTIONS: dict[str, Spec] = {
+    "weights": limits.PATH,
+    "device": limits.DEVICE,
+    "dtype": limits.DTYPE,
+    "attention_backend": Spec("str", choices=ATTENTION_BACKENDS),
+    "init_seed": limits.SEED,
+    "steps": limits.STEPS,
+    "chunk_frames": Spec("int", lo=1, hi=MAX_LATENT_FRAMES),
+    "num_chunks": limits.CHUNKS,
+    "num_frames": Spec("int", lo=1, hi=4 * (MAX_LATENT_FRAMES - 1) + 1),
+    "height": limits.SIDE,
+    "width": limits.SIDE,
+    "shift": Spec("float", lo=0, lo_open=True, hi=100),
+    "fps": limits.FPS,
+}
+
+
+def rope_frames(config: str) -> int:
+    """Latent frames the rotary table of ``config``'s transformer covers (tiny-random: the tiny
+    transformer's; the released checkpoints: Wan 2.1's 1,024)."""
+    return (
+        TINY_WAN_TRANSFORMER["rope_max_seq_len"] if config == "tiny-random" else MAX_LATENT_FRAMES
+    )
+
+
+def check_latent_frames(model: str, config: str, chunk_frames: int, num_chunks: int) -> None:
+    """Refuse more latent frames than the rotary table holds, before the model is built."""
+    frames = rope_frames(config)
+    if chunk_frames * num_chunks > frames:
+        raise UsageError(
+            f"{model}: {num_chunks} chunks of {chunk_frames} latent frames exceed the rotary "
+            f"table of config {config} ({frames} latent frames): num_chunks must be in "
+            f"1..{max(1, frames // chunk_frames)}"
+        )
 
 
 def checked_options(
@@ -300,12 +361,12 @@ def checked_options(
     options = {k: v for k, v in options.items() if v is not None}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise JbkvError(
+        raise UsageError(
             f"unknown {model} option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
     options.setdefault("config", default)
     if options["config"] not in configs:
-        raise JbkvError(
+        raise UsageError(
             f"unknown {model} config {options['config']!r}; choose: {', '.join(configs)}"
         )
     return options
@@ -320,12 +381,12 @@ def chunks_for_frames(num_frames: int, chunk_frames: int, num_chunks: int | None
     k = chunk_frames
     latent = (num_frames - 1) // 4 + 1
     if num_frames < 1 or (num_frames - 1) % 4 or latent % k:
-        raise JbkvError(
+        raise UsageError(
             f"num_frames={num_frames} is not 4·(chunks·{k} − 1) + 1 for whole chunks of {k} "
             f"latent frames (e.g. {4 * (5 * k - 1) + 1} for 5 chunks)"
         )
     if num_chunks is not None and int(num_chunks) != latent // k:
-        raise JbkvError(f"num_frames={num_frames} and num_chunks={num_chunks} disagree")
+        raise UsageError(f"num_frames={num_frames} and num_chunks={num_chunks} disagree")
     return latent // k
 
 
@@ -337,7 +398,7 @@ def runtime_options(options: dict[str, Any]) -> tuple[str, str, str | None]:
     dtype_from_name(dtype)
     backend = options.get("attention_backend")
     if backend is not None and backend not in ATTENTION_BACKENDS:
-        raise JbkvError(
+        raise UsageError(
             f"unknown attention_backend {backend!r}; choose: {', '.join(ATTENTION_BACKENDS)}"
         )
     return device, dtype, backend
@@ -348,4 +409,4 @@ def check_frame_size(values: dict[str, Any]) -> None:
     for name in ("height", "width"):
         values[name] = int(values[name])
         if values[name] < 16 or values[name] % 16:
-            raise JbkvError(f"{name} must be a positive multiple of 16, got {values[name]}")
+            raise UsageError(f"{name} must be a positive multiple of 16, got {values[name]}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -21,5 +21,5 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     if str(name) not in DTYPES:
-        raise JbkvError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPES)}")
+        raise UsageError(f"unknown dtype {name!r}; choose one of: {', '.join(DTYPES)}")
     return DTYPES[str(name)]

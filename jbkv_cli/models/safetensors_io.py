@@ -3,11 +3,15 @@
 jbkv never executes pickle code from a checkpoint. A file saved by ``torch.save`` (a zip archive,
 or a bare pickle) is recognised by its first bytes and refused with a hint to convert it; a file
 that is not a well-formed safetensors file, or a truncated one, is a one-line error naming it.
+Only regular files are read: a path (or symlink) to a directory, a FIFO or a device such as
+``/dev/zero`` is refused as "not a regular file" before anything is read from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +25,33 @@ from jbkv_cli.errors import JbkvError
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format: a zip archive holding a pickle
 _PICKLE_PROTOCOLS = range(2, 6)  # a bare pickle starts with b"\x80" and its protocol byte
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular one is, from its ``st_mode``, in words (``"a FIFO"``)."""
+    return next((name for test, name in _KINDS if test(mode)), "an unknown kind of file")
+
+
+def not_regular(path: str | Path) -> str | None:
+    """``"{path} is not a regular file (a FIFO)"`` when ``path`` (symlinks followed) exists and
+    is not a regular file; None for a regular file or a missing path (callers word "not found"
+    themselves). Reading a FIFO blocks forever and a device never ends, so nothing else is read.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    where = f": {os.path.realpath(path)}" if os.path.islink(path) else ""
+    return f"{path} is not a regular file ({kind_of(mode)}{where})"
 
 
 def check_safetensors(path: Path) -> None:
@@ -30,9 +61,16 @@ def check_safetensors(path: Path) -> None:
     starting with ``{``, then the tensor data.
     """
     try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-        size = path.stat().st_size
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise JbkvError(f"weights {path} is not a regular file ({kind_of(info.st_mode)})")
+            head = os.read(fd, 9)
+        finally:
+            os.close(fd)
+        size = info.st_size
     except OSError as exc:
         raise JbkvError(f"cannot read weights {path}: {exc.strerror or exc}") from exc
     if head.startswith(_ZIP_MAGIC) or (

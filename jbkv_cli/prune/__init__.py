@@ -1,20 +1,30 @@
 """KV-cache pruners: which cached tokens each KV head keeps (one module each).
 
 - :mod:`~jbkv_cli.prune.base`: the :class:`KVPruner` base and the per-layer protocol.
-- :mod:`~jbkv_cli.prune.registry`: the pruners by name (``forcing-kv``).
-- :mod:`~jbkv_cli.prune.forcing_kv`: Forcing-KV's static and dynamic head rules.
+- :mod:`~jbkv_cli.prune.registry`: the pruners by name (``forcing-kv``, ``forcing-kv-history``).
+- :mod:`~jbkv_cli.prune.forcing_kv`: Forcing-KV as its official code runs it.
+- :mod:`~jbkv_cli.prune.forcing_kv_history`: jbkv's earlier pruner after Forcing-KV's abstract.
 - :mod:`~jbkv_cli.prune.profile`: offline head profiling and the JSON profile it writes.
 """
 
 from jbkv_cli.prune.base import Decision, KVPruner, LayerPruning
 from jbkv_cli.prune.forcing_kv import ForcingKV, ForcingKVLayer
+from jbkv_cli.prune.forcing_kv_history import ForcingKVHistory, ForcingKVHistoryLayer
 from jbkv_cli.prune.profile import HeadProfile, ProfileError, load_profile
-from jbkv_cli.prune.registry import PRUNERS, build_pruner, pruner_names, register_pruner
+from jbkv_cli.prune.registry import (
+    PRUNERS,
+    build_pruner,
+    pruner_from_record,
+    pruner_names,
+    register_pruner,
+)
 
 __all__ = [
     "PRUNERS",
     "Decision",
     "ForcingKV",
+    "ForcingKVHistory",
+    "ForcingKVHistoryLayer",
     "ForcingKVLayer",
     "HeadProfile",
     "KVPruner",
@@ -22,6 +32,7 @@ __all__ = [
     "ProfileError",
     "build_pruner",
     "load_profile",
+    "pruner_from_record",
     "pruner_names",
     "register_pruner",
 ]

@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from jbkv_cli.fields import check_fields
+
 
 class LayerPruning(Protocol):
     """One layer's pruning state, driven by its :class:`~jbkv_cli.kvcache.ChunkKVCache`.
@@ -55,12 +57,17 @@ class Decision:
 class KVPruner:
     """Base of pruners. Class attributes a subclass sets: ``name`` (registry and CLI name),
     ``title`` (label part, e.g. ``Forcing-KV``), ``short`` (variant-id part, e.g. ``fkv``) and
-    ``summary`` (one line for help texts)."""
+    ``summary`` (one line for help texts). Option fields are declared with
+    :func:`~jbkv_cli.fields.option` (type and bounds); ``__post_init__`` validates them and
+    stores canonical values, as for compression methods."""
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
     short: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_fields(self, self.name)
 
     def plans(self, model: str, layers: int, kv_heads: int, frame_tokens: int) -> list:
         """One :class:`LayerPruning` per layer of ``model`` (``frame_tokens`` tokens per frame)."""

@@ -1,163 +1,341 @@
-"""Forcing-KV: head-wise hybrid pruning of the KV cache, after Forcing-KV (arXiv 2605.09681).
+"""Forcing-KV as its official code runs it (arXiv 2605.09681; ``zju-jiyicheng/Forcing-KV@50ac1f45``).
 
-Attention heads of chunk-wise AR video diffusion models split into **static** heads, which read
-the current chunk and the transition anchors (the most recent frames), and **dynamic** heads,
-which read corresponding regions of older frames; the split is found once, offline, from
-frame-level attention mass (:mod:`jbkv_cli.prune.profile`, ``jbkv profile-heads``) and read
-from a JSON profile. With ``T`` tokens per frame, ``A = anchor_frames`` and ``S = segments`` per
-frame, for every layer and KV head:
+Sources, read for every rule below (``M`` = ``wan/modules/causal_model_forcingkv.py``, ``C`` =
+``configs/forcing-kv/forcingkv_self_forcing_inference.yaml``; line numbers at that commit):
 
-- every cached frame among the ``A`` most recent is kept whole (the transition anchors);
-- when a frame ``f`` leaves the anchors (the next chunk is committed), a **static** head drops
-  it entirely (structured pruning: only the anchors remain);
-- a **dynamic** head splits ``f`` into ``S`` segments of consecutive tokens and compares each
-  with the same segment of the next frame ``f + 1``, by the cosine similarity of their mean keys
+- **Knobs and defaults** (C:12-25): ``sink_size 1`` (``model_kwargs``), ``ar_start 1``,
+  ``spatial_context_length 1``, ``temporal_context_length 1``, ``dynamic_context_length 1``,
+  ``dynamic_temporal_enabled true``, ``num_frame_patch 6``, ``sim_retention_ratio 0.33``. jbkv's
+  options carry upstream's names and these defaults (``num_frame_patch`` and
+  ``dynamic_context_length`` resolve per model, see below). Lengths are in latent frames.
+- **Before the split** (M:395-420): every layer keeps the sink (the first ``sink_size`` frames of
+  the video) and the last ``H = max(spatial, temporal)`` frames after it (``local_k``), for all
+  heads; so after chunk 0 of Self-Forcing it holds frames 0 and 2, after chunk 1 frames 0 and 5.
+- **The split** (M:1361-1362, 910-983): after the clean update pass of chunk ``ar_start``
+  (``AR_step == ar_start``) every layer but layer 0 splits its heads by the offline profile
+  (:mod:`jbkv_cli.prune.profile`): static heads keep the sink and a ring of the last
+  ``spatial_context_length`` frames, dynamic heads the sink, a ring of the last
+  ``temporal_context_length`` frames and an empty buffer of ``dynamic_context_length`` frames.
+  **Layer 0 is never split** (M:393 ``layer_idx != 0``): sink + ``H`` frames for good.
+- **Every later chunk** (M:475-562): static heads append the chunk to their ring; dynamic heads
+  first refill the buffer (``dynamic_compression``, M:221-336), then append to their ring.
+  The candidates are the first 3 frames of ``[ring | new chunk]`` — the frames leaving the ring
+  (M:280-283: the old ring frames and the first ``3 − T`` new ones), each cut into
+  ``num_frame_patch`` runs of consecutive tokens (M:287-292, 312-317): 18 patches. A patch's
+  score is the mean over its tokens of the cosine between the token and the co-located token of
+  the next frame, over the keys of **all dynamic heads flattened** (M:293-294), **batch 0**
+  (M:286 ``[:1]``); the ``round(18 × 0.33) = 6`` least similar (M:262, 298 ``topk(largest=
+  False)``) are copied into the buffer in index order (M:299, 164-181), **overwriting** it
+  (``copy_``): older selections are gone. The selection is computed **at layer 1 only** and
+  shared by every layer (M:285-310, class attributes ``shared_dynamic_chunk_indices``); with no
+  frame in the ring yet (fewer than one frame, M:243-246) no buffer is kept that chunk.
+  Upstream requires ``dynamic_context_length · num_frame_patch == round(18 · ratio)``
+  (M:254-265) and whole patches (M:241).
 
-      sim_s = cos( mean_{i∈s} k_f,i , mean_{i∈s} k_f+1,i )
+So after the ring fills every layer holds a constant budget: Self-Forcing keeps, per layer
+1..29, the sink frame + 1 frame per static head and the sink + 1 + 1 (buffer) frames per dynamic
+head; layer 0 the sink + 1 frame. Attention reads exactly what is kept (static and dynamic heads
+alike read sink, buffer and ring; M:457-463) and the current chunk.
 
-  and keeps the ``⌈ρ S⌉`` segments with the *lowest* similarity (``ρ = retention``): what
-  changes is kept, a segment that the next frame repeats is dropped, since the newer copy
-  carries it (the chain ends at the anchors, which are kept).
+**How jbkv runs it.** The cache commits each finished chunk's clean keys once (the update pass);
+this pruner decides at each commit which tokens each (layer, KV head) keeps, the new chunk's and
+those of chunks committed earlier (dropped tokens are removed from the stored tensors; prune,
+then quantize what is kept: :mod:`jbkv_cli.kvcache.pruned`). Chunk ``s`` holds frames
+``s·C .. s·C + C − 1`` (``C`` latent frames per chunk, 3 on Self-Forcing). Choices where the
+source is silent or the geometry differs from Self-Forcing's:
 
-Tokens are decided once, from the exact keys of the chunk being committed: a frame that leaves
-the anchors inside that chunk is pruned before the chunk is quantized ("prune, then quantize
-what is kept"); an anchor frame is stored (quantized) with its chunk and its dropped tokens are
-removed from the stored tensors when it leaves the anchors (for per-token formats such as RTN
-and QuaRot exactly the same as quantizing only the kept tokens; QVG keeps the chunk's
-codebook). Attention reads the kept tokens and masks the others (``-inf``), and the cache holds
-only kept tokens, their positions and the segment means of undecided anchor frames (dynamic
-heads), all counted in its bytes. Sink chunks (``KVSpec.sink_chunks``) are never pruned.
-
-Choices where the paper (as available to us) is silent, and where jbkv differs:
-
-- **Segments** are ``S`` runs of consecutive tokens of a frame in the model's token order (rows
-  of patches), ``S = 8`` by default: one 8-token row of the embedded model's 8×8 frames.
-- **Similarity** is the cosine of segment-mean post-RoPE keys (the keys the cache holds) of a
-  frame and its successor; the retention ``ρ = 0.33`` is a per-frame budget, so every decided
-  frame of a dynamic head keeps the same number of segments (ties: the earlier segment).
-- **Anchors**: ``A`` comes from the profile (the frames the classification counted as local)
-  unless ``anchor_frames`` is given. Decisions use exact keys, never the quantized ones, so a
-  16-bit and an INT2 variant prune the same tokens.
-- **Classification** per KV head (the cache stores KV heads): the mean local mass of the query
-  heads that read it (:mod:`jbkv_cli.prune.profile`).
-- Not reproduced: the CUDA kernels and speed-ups (attention here runs over a buffer of the full
-  window with dropped tokens masked, so it is no faster), dropping tokens per query chunk inside
-  one denoising step, and the paper's numbers. It runs on every adapter that states a head
-  layout (:class:`~jbkv_cli.models.base.PrunableModel`: ``tiny``, ``self-forcing`` — the
-  paper's family — ``skyreels-v2`` and ``magi1``); only the embedded model's profile is
-  shipped, the others are profiled with ``jbkv profile-heads``.
+- **Frames per chunk.** Upstream hard-codes 3 (Self-Forcing's chunk). jbkv takes ``C`` from the
+  committed chunk: the candidates are the first ``C`` frames of ``[ring | new chunk]`` (the
+  frames that leave the ring when the ring is full; exactly upstream's rule at ``C = 3``), so a
+  chunk scores ``C · P`` patches and keeps ``round(C · P · ratio)``: 6 of 18 on Self-Forcing, 11
+  of 32 on the embedded model (4-frame chunks of 8 runs), 10 of 30 on SkyReels-V2 (5 frames)
+  and on MAGI-1 at 720×720 (6 frames of 5 runs), 12 of 36 on MAGI-1 at 720×1280. ``temporal_context_length`` keeps upstream's bound 1..3; above
+  ``C`` (2-frame chunks) the candidates are the ring's oldest ``C`` frames, as the same rule says.
+- **Patches per frame.** ``num_frame_patch`` must divide a frame's tokens (upstream's rule). Left
+  unset it is 6 where 6 divides the frame (Self-Forcing's 1,560 = 30×52 tokens: 260-token runs,
+  5 patch rows; SkyReels-V2's 2,040; MAGI-1's 3,600 at 720×1280) and otherwise the divisor of
+  the frame's tokens nearest 6, ties to the larger (MAGI-1's 2,025 at 720×720: 5; the embedded
+  model's 8×8 frames: 8 runs of one row; the tiny random configurations' 4-token frames: 4).
+- **Buffer size.** ``dynamic_context_length`` left unset is what the ratio keeps,
+  ``round(C·P·ratio) / P`` frames (1 on Self-Forcing, its config's value). Given, it must agree
+  as upstream requires; that needs ``C``, so it is checked at the first commit.
+- **Layer deciding the selection.** Layer 1, as upstream; when layer 1 has no dynamic head
+  (upstream would fail on an empty reshape) the first layer after it that has one decides; the
+  layers in between have no dynamic head to apply it to.
+- **Batch.** Batch 0 decides for the whole batch, as upstream. jbkv's models run one sample per
+  cache (SkyReels-V2's CFG branches have a cache each), so it matters only for direct use.
+- **Exact keys.** The similarity uses the exact post-RoPE keys the cache is handed, never the
+  quantized ones (upstream's cache is 16-bit), so a 16-bit and an INT2 variant keep the same
+  tokens. The deciding layer therefore holds the exact keys of its dynamic heads' ring frames
+  (batch 0) for the next chunk's comparison; they are counted in the cache's bytes (class
+  ``dynamic``). Similarities are computed in float32; ties in the ranking go to the earlier
+  patch (``torch.topk`` leaves them to the kernel). Classes are per KV head (the cache stores
+  KV heads; upstream's models are MHA).
+- **Cache window and sinks.** Pruning keeps a subset of what the variant's cache holds: the
+  model's window (whole chunks, jbkv's ``window``) still evicts, so the sink frame lives as long
+  as chunk 0 is in the window — always on Self-Forcing's default 7 chunks (window 6); upstream's
+  Forcing-KV path has no window, so use ``--window`` larger than the video to keep the sink for
+  good (the embedded model's default window of 2 chunks drops it from the 4th chunk on; MAGI-1's
+  default window is only what its kv ranges need, so there the cache keeps what lies in the
+  chunks those ranges read). Sink chunks of the cache (``KVSpec.sink_chunks``) are kept whole
+  by the cache and are neither sink nor history here. Byte classes: ``static``, ``dynamic`` (layers ≥ 1, by profile) and
+  ``unsplit`` (layer 0).
+- **Not exposed / not reproduced:** ``dynamic_temporal_enabled false`` (dynamic heads without a
+  buffer), the recache and prompt-switch paths (LongLive interactive), TeaCache, the
+  SageAttention FP8 option, the Triton kernels and speed-ups (attention here runs over the cached
+  chunks with dropped tokens masked), the sink frozen at the split when ``sink_size`` exceeds
+  the frames generated by then (jbkv: the first ``sink_size`` frames, always), and the paper's
+  numbers.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from jbkv_cli.fields import option
 from jbkv_cli.prune.base import Decision, KVPruner
-from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile
+from jbkv_cli.prune.forcing_kv_history import percent_id
+from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
 
-DEFAULT_SEGMENTS = 8
-DEFAULT_RETENTION = 0.33
+UPSTREAM_PATCHES = 6  # num_frame_patch of the Self-Forcing config
+MAX_FRAMES = 1024
+MAX_PATCHES = 2**16
+MAX_AR_START = 2**20
+
+FrameId = tuple[int, int]  # (chunk serial, frame in the chunk)
 
 
 # --- the rules (pure functions) -----------------------------------------------------------------
 
 
-def segment_ids(frame_tokens: int, segments: int) -> torch.Tensor:
-    """``[T]``: the segment of each token of a frame (``segments`` runs of consecutive tokens,
-    lengths differing by at most one)."""
-    if not 1 <= segments <= frame_tokens:
-        raise ValueError(
-            f"segments must be in 1..{frame_tokens} (tokens per frame), got {segments}"
-        )
-    parts = torch.tensor_split(torch.arange(frame_tokens), segments)
-    return torch.cat([torch.full((len(p),), i) for i, p in enumerate(parts)])
+def default_patches(frame_tokens: int) -> int:
+    """``num_frame_patch`` left unset: 6 where it divides the frame, else the divisor of
+    ``frame_tokens`` nearest 6 (ties: the larger)."""
+    divisors = [p for p in range(1, frame_tokens + 1) if frame_tokens % p == 0]
+    return min(divisors, key=lambda p: (abs(p - UPSTREAM_PATCHES), -p))
 
 
-def segment_means(k: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean key per segment: ``[..., F·T, D] -> [..., F, S, D]`` (float32)."""
-    segments = int(ids.max()) + 1
-    onehot = F.one_hot(ids.to(k.device), segments).float()  # [T, S]
-    frames = k.float().unflatten(-2, (-1, ids.numel()))  # [..., F, T, D]
-    return torch.einsum("...td,ts->...sd", frames, onehot / onehot.sum(0))
+def kept_patches(candidates: int, ratio: float) -> int:
+    """``round(candidates · ratio)`` within ``0..candidates`` (upstream M:262-263; Python's
+    round, as upstream's ``int(round(...))``)."""
+    return max(0, min(candidates, round(candidates * ratio)))
 
 
-def segment_similarity(frame: torch.Tensor, successor: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity of segment means ``[..., S, D]`` of a frame and the next: ``[..., S]``."""
-    return F.cosine_similarity(frame, successor, dim=-1)
+def patch_scores(chain: torch.Tensor, patches: int) -> torch.Tensor:
+    """``[F + 1, T, X] -> [F, P]``: per frame ``j`` and patch ``p`` (a run of ``T / P``
+    consecutive tokens) the mean over its tokens of ``cos(token of frame j, same token of frame
+    j + 1)``, ``X`` the flattened keys of the deciding heads (upstream M:286-294), float32."""
+    x = chain.float()
+    cos = F.cosine_similarity(x[:-1], x[1:], dim=-1)  # [F, T]
+    return cos.unflatten(-1, (patches, -1)).mean(-1)
 
 
-def changed_segments(similarity: torch.Tensor, retention: float) -> torch.Tensor:
-    """``bool [..., S]``: the ``⌈retention · S⌉`` least similar segments (ties: the earlier)."""
-    s = similarity.shape[-1]
-    n = min(s, math.ceil(retention * s - 1e-9))
-    order = torch.argsort(similarity, dim=-1, stable=True)[..., :n]
-    return torch.zeros_like(similarity, dtype=torch.bool).scatter_(-1, order, True)
+def least_similar(scores: torch.Tensor, n: int) -> list[int]:
+    """The ``n`` lowest of ``scores [F, P]`` as ascending flat indices ``j · P + p`` (ties: the
+    earlier index; upstream M:296-299)."""
+    order = torch.argsort(scores.flatten(), stable=True)[:n]
+    return sorted(order.tolist())
+
+
+# --- the state shared by a model's layers -------------------------------------------------------
+
+
+@dataclass
+class SharedSelection:
+    """The patches the deciding layer chose for the chunk it committed last, read by the later
+    layers committing the same chunk (upstream's class attributes, M:185-186, 304-308)."""
+
+    serial: int | None = None
+    picks: list[tuple[FrameId, int]] = field(default_factory=list)
+
+    def publish(self, serial: int, picks: list[tuple[FrameId, int]]) -> None:
+        self.serial, self.picks = serial, picks
+
+    def read(self, serial: int, layer: int) -> list[tuple[FrameId, int]]:
+        if self.serial != serial:
+            raise RuntimeError(
+                f"forcing-kv: layer {layer} committed chunk {serial} before the deciding layer"
+            )
+        return self.picks
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One model's resolved settings (frames, patches; see the module docstring)."""
+
+    frame_tokens: int
+    sink_size: int
+    spatial: int
+    temporal: int
+    dynamic: int | None
+    patches: int
+    ratio: float
+    ar_start: int
+
+    @property
+    def history(self) -> int:
+        """``H``: frames after the sink kept before the split (and by layer 0)."""
+        return max(self.spatial, self.temporal)
+
+    def check_chunk(self, chunk_frames: int) -> None:
+        """Upstream's consistency rule (M:254-265) once ``C`` is known."""
+        n = kept_patches(chunk_frames * self.patches, self.ratio)
+        if self.dynamic is not None and self.dynamic * self.patches != n:
+            raise ValueError(
+                f"forcing-kv: dynamic_context_length={self.dynamic} holds "
+                f"{self.dynamic * self.patches} patches but sim_retention_ratio={self.ratio:g} "
+                f"keeps round({chunk_frames * self.patches} × {self.ratio:g}) = {n} "
+                "(upstream requires them equal; leave dynamic_context_length unset)"
+            )
 
 
 # --- one layer's state --------------------------------------------------------------------------
 
 
 class ForcingKVLayer:
-    """The decisions for one layer's cache (see the module docstring); ``kinds`` per KV head."""
+    """The decisions for one layer's cache (see the module docstring). ``kinds`` per KV head
+    (``unsplit`` at layer 0); ``decides``: this layer computes the shared selection."""
 
     def __init__(
         self,
+        layer: int,
         kinds: tuple[str, ...],
-        frame_tokens: int,
-        anchor_frames: int,
-        segments: int = DEFAULT_SEGMENTS,
-        retention: float = DEFAULT_RETENTION,
+        budget: Budget,
+        shared: SharedSelection,
+        decides: bool = False,
     ) -> None:
-        if anchor_frames < 1:
-            raise ValueError(f"anchor_frames must be >= 1, got {anchor_frames}")
-        self.kinds = tuple(kinds)
-        self.frame_tokens = frame_tokens
-        self.anchor_frames = anchor_frames
-        self.retention = retention
-        self.ids = segment_ids(frame_tokens, segments)
-        self.dynamic = [h for h, kind in enumerate(self.kinds) if kind == "dynamic"]
-        self._pending: list[tuple[int, int, torch.Tensor]] = []  # (serial, frame, means)
+        self.layer = layer
+        self.kinds = ("unsplit",) * len(kinds) if layer == 0 else tuple(kinds)
+        self.budget = budget
+        self.shared = shared
+        self.decides = decides
+        self.static = [h for h, k in enumerate(self.kinds) if k == "static"]
+        self.dynamic = [h for h, k in enumerate(self.kinds) if k == "dynamic"]
+        # the deciding layer of a model whose layer 1 has no dynamic head uses its own dynamic
+        # heads; every deciding layer has one (ForcingKV.plans)
+        self.chunk_frames: int | None = None
+        self.history: list[FrameId] = []  # frames after the sink, oldest first (at most H)
+        self.kept: dict[FrameId, torch.Tensor] = {}  # [Hkv, T] of frames after the sink
+        self.ring_keys: dict[FrameId, torch.Tensor] = {}  # deciding layer: [T, X], batch 0
+
+    # -- the protocol ----------------------------------------------------------------------------
 
     def commit(self, serial: int, k: torch.Tensor) -> Decision:
-        """Decide on chunk ``serial``'s keys ``[B, Hkv, L, D]`` and on the frames that leave
-        the anchors because of it."""
+        """Decide on chunk ``serial``'s keys ``[B, Hkv, L, D]`` and on the earlier chunks'."""
         b, h, length, _ = k.shape
-        t = self.frame_tokens
+        t, bud = self.budget.frame_tokens, self.budget
         if h != len(self.kinds):
             raise ValueError(f"the head profile has {len(self.kinds)} KV heads, the chunk {h}")
         if length % t:
             raise ValueError(f"a chunk of {length} tokens is not whole frames of {t} tokens")
-        means = segment_means(k[:, self.dynamic], self.ids)  # [B, Hd, F, S, D]
-        frames = [*self._pending, *((serial, f, means[:, :, f]) for f in range(length // t))]
-        leaving = max(0, len(frames) - self.anchor_frames)
-        keep = torch.ones(b, h, length, dtype=torch.bool, device=k.device)
+        c = length // t
+        if self.chunk_frames is None:
+            bud.check_chunk(c)
+            self.chunk_frames = c
+        elif c != self.chunk_frames:
+            raise ValueError(
+                f"forcing-kv: a chunk of {c} frames after chunks of {self.chunk_frames}"
+            )
+        new = [(serial, f) for f in range(c)]
+        sink = [serial * c + f < bud.sink_size for f in range(c)]
+        post = [fid for fid, is_sink in zip(new, sink, strict=True) if not is_sink]
+        before = self.history
+        history = (before + post)[-bud.history :]
+        now = self._kept_after(serial, before, post, history, k)
+        keep = torch.zeros(h, length, dtype=torch.bool, device=k.device)
+        for f, fid in enumerate(new):
+            if sink[f]:
+                keep[:, f * t : (f + 1) * t] = True
+            elif fid in now:
+                keep[:, f * t : (f + 1) * t] = now[fid]
         settled = []
-        for i, (s, f, m) in enumerate(frames[:leaving]):
-            frame_keep = torch.zeros(b, h, t, dtype=torch.bool, device=k.device)
-            if self.dynamic:
-                sim = segment_similarity(m, frames[i + 1][2])
-                frame_keep[:, self.dynamic] = changed_segments(sim, self.retention)[..., self.ids]
-            if s == serial:
-                keep[..., f * t : (f + 1) * t] = frame_keep
-            else:
-                settled.append((s, f * t, frame_keep))
-        self._pending = frames[leaving:]
-        return Decision(keep, settled)
+        for fid, was in self.kept.items():
+            mask = now.get(fid)
+            if mask is None or not torch.equal(mask, was):
+                mask = torch.zeros_like(was) if mask is None else mask
+                settled.append((fid[0], fid[1] * t, mask.expand(b, -1, -1)))
+        self.kept, self.history = now, history
+        if self.decides:  # the ring's exact keys, for the next chunk's comparison
+            ring = history[-bud.temporal :]
+            self.ring_keys = {fid: self._key(fid, serial, k).clone() for fid in ring}
+        return Decision(keep.expand(b, -1, -1), settled)
 
     def forget(self, serials: set[int]) -> None:
-        self._pending = [p for p in self._pending if p[0] not in serials]
+        self.history = [fid for fid in self.history if fid[0] not in serials]
+        self.kept = {fid: m for fid, m in self.kept.items() if fid[0] not in serials}
+        self.ring_keys = {fid: x for fid, x in self.ring_keys.items() if fid[0] not in serials}
 
     def nbytes_by_kind(self) -> dict[str, int]:
-        """The segment means of undecided anchor frames (dynamic heads only)."""
-        held = sum(m.numel() * m.element_size() for _, _, m in self._pending)
+        """The deciding layer's exact ring keys (for the next chunk's similarity)."""
+        held = sum(x.numel() * x.element_size() for x in self.ring_keys.values())
         return {"dynamic": held} if held else {}
+
+    # -- the rules -------------------------------------------------------------------------------
+
+    def _kept_after(
+        self,
+        serial: int,
+        before: list[FrameId],
+        post: list[FrameId],
+        history: list[FrameId],
+        k: torch.Tensor,
+    ) -> dict[FrameId, torch.Tensor]:
+        """``{frame: bool [Hkv, T]}``: the tokens after the sink each head keeps after this
+        commit (frames holding none are absent)."""
+        bud, t, h = self.budget, self.budget.frame_tokens, len(self.kinds)
+        now: dict[FrameId, torch.Tensor] = {}
+
+        def mark(fid: FrameId, heads: list[int] | slice, tokens: slice = slice(None)) -> None:
+            mask = now.setdefault(fid, torch.zeros(h, t, dtype=torch.bool, device=k.device))
+            mask[heads, tokens] = True
+
+        if self.layer == 0 or serial < bud.ar_start:  # unsplit: sink + H frames, every head
+            for fid in history:
+                mark(fid, slice(None))
+            return now
+        for fid in history[-bud.spatial :] if bud.spatial else ():
+            mark(fid, self.static)
+        for fid in history[-bud.temporal :]:
+            mark(fid, self.dynamic)
+        if serial > bud.ar_start:  # the buffer, overwritten (chunk ar_start splits only)
+            size = t // bud.patches
+            for fid, p in self._picks(serial, before[-bud.temporal :], post, k):
+                mark(fid, self.dynamic, slice(p * size, (p + 1) * size))
+        now = {fid: m for fid, m in now.items() if m.any()}
+        return now
+
+    def _picks(
+        self, serial: int, ring: list[FrameId], post: list[FrameId], k: torch.Tensor
+    ) -> list[tuple[FrameId, int]]:
+        """The buffer's patches for this chunk: computed by the deciding layer, read by the
+        others (M:285-310)."""
+        if not self.decides:
+            return self.shared.read(serial, self.layer) if self.dynamic else []
+        c, bud = self.chunk_frames, self.budget
+        seq = ring + post
+        picks: list[tuple[FrameId, int]] = []
+        if ring and len(seq) > c:
+            chain = torch.stack([self._key(fid, serial, k) for fid in seq[: c + 1]])
+            n = kept_patches(c * bud.patches, bud.ratio)
+            for i in least_similar(patch_scores(chain, bud.patches), n):
+                picks.append((seq[i // bud.patches], i % bud.patches))
+        self.shared.publish(serial, picks)
+        return picks
+
+    def _key(self, fid: FrameId, serial: int, k: torch.Tensor) -> torch.Tensor:
+        """``[T, X]``: frame ``fid``'s keys of this layer's dynamic heads, batch 0, flattened
+        per token (from the new chunk, else from the ring kept at the last commit)."""
+        if fid[0] != serial:
+            return self.ring_keys[fid]
+        t = self.budget.frame_tokens
+        x = k[0, self.dynamic, fid[1] * t : (fid[1] + 1) * t]  # [Hd, T, D]
+        return x.transpose(0, 1).flatten(1)
 
 
 # --- the pruner ---------------------------------------------------------------------------------
@@ -165,9 +343,13 @@ class ForcingKVLayer:
 
 @dataclass(frozen=True)
 class ForcingKV(KVPruner):
-    """Options: ``anchor_frames`` (``A``; None: the profile's), ``segments`` per frame (``S``),
-    ``retention`` (``ρ``, share of segments a dynamic head keeps of each decided frame) and
-    ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model).
+    """Forcing-KV with upstream's knobs (names and Self-Forcing defaults of its config; lengths
+    in latent frames): ``sink_size``, ``spatial_context_length`` (static heads' ring),
+    ``temporal_context_length`` (dynamic heads' ring, 1..3), ``dynamic_context_length`` (the
+    buffer; None: what the ratio keeps), ``num_frame_patch`` (None: 6, or the frame's divisor
+    nearest 6), ``sim_retention_ratio``, ``ar_start`` (the chunk after whose commit heads split),
+    and ``profile`` (a JSON file from ``jbkv profile-heads``; None: the one shipped for the model,
+    made by upstream's rule).
 
     A ``profile`` given by path is validated when the pruner is built and stored as its absolute
     path with ``profile_sha256``, the digest of its bytes (in the variant id), so a run folder
@@ -175,36 +357,44 @@ class ForcingKV(KVPruner):
 
     name: ClassVar[str] = "forcing-kv"
     title: ClassVar[str] = "Forcing-KV"
-    short: ClassVar[str] = "fkv"
+    short: ClassVar[str] = "forcingkv"
     summary: ClassVar[str] = (
-        "after Forcing-KV: static heads keep the anchor frames, dynamic heads the segments that "
-        "change from frame to frame"
+        "Forcing-KV as its official code: static heads keep the sink and the last frame, "
+        "dynamic heads also a one-frame buffer of the patches that change most, refilled "
+        "every chunk; layer 0 unsplit"
     )
 
-    anchor_frames: int | None = None
-    segments: int = DEFAULT_SEGMENTS
-    retention: float = DEFAULT_RETENTION
-    profile: str | None = None
-    profile_sha256: str | None = None
+    sink_size: int = option(1, "int", lo=0, hi=MAX_FRAMES)
+    spatial_context_length: int = option(1, "int", lo=0, hi=MAX_FRAMES)
+    temporal_context_length: int = option(1, "int", lo=1, hi=3, note="upstream's dynamic mode")
+    dynamic_context_length: int | None = option(None, "int", lo=0, hi=MAX_FRAMES, optional=True)
+    num_frame_patch: int | None = option(None, "int", lo=1, hi=MAX_PATCHES, optional=True)
+    sim_retention_ratio: float = option(0.33, "float", lo=0, hi=1)
+    ar_start: int = option(1, "int", lo=0, hi=MAX_AR_START)
+    profile: str | None = option(None, "path", optional=True)
+    profile_sha256: str | None = option(
+        None, "str", optional=True, pattern="[0-9a-f]{64}", what="a SHA-256 digest", cli=False
+    )
+
+    ID_PARTS: ClassVar[dict[str, str]] = {
+        "sink_size": "sink",
+        "spatial_context_length": "sc",
+        "temporal_context_length": "tc",
+        "dynamic_context_length": "dc",
+        "num_frame_patch": "np",
+        "ar_start": "ar",
+    }
 
     def __post_init__(self) -> None:
-        if self.anchor_frames is not None and (
-            type(self.anchor_frames) is not int or self.anchor_frames < 1
-        ):
-            raise ValueError(f"anchor_frames must be an integer >= 1, got {self.anchor_frames!r}")
-        if type(self.segments) is not int or self.segments < 1:
-            raise ValueError(f"segments must be an integer >= 1, got {self.segments!r}")
-        if not isinstance(self.retention, int | float) or not 0 <= self.retention <= 1:
-            raise ValueError(f"retention must be in [0, 1], got {self.retention!r}")
+        super().__post_init__()
         if self.profile is not None and self.profile_sha256 is None:
             path = Path(self.profile).resolve()
-            load_profile(path)  # validated before any work
+            _, data = read_profile(path)  # validated before any work; read once
             object.__setattr__(self, "profile", str(path))
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
-            object.__setattr__(self, "profile_sha256", digest)
+            object.__setattr__(self, "profile_sha256", hashlib.sha256(data).hexdigest())
 
     def profile_path(self, model: str) -> Path:
-        return Path(self.profile) if self.profile else default_profile_path(model)
+        return Path(self.profile) if self.profile else default_profile_path(model, "forcing-kv")
 
     def head_profile(self, model: str) -> HeadProfile:
         """The profile for ``model``; ``ValueError`` (naming the file) when it is unusable."""
@@ -223,6 +413,25 @@ class ForcingKV(KVPruner):
     def check(self, model: str) -> None:
         self.head_profile(model)
 
+    def budget(self, frame_tokens: int) -> Budget:
+        """The settings resolved for frames of ``frame_tokens`` tokens."""
+        patches = self.num_frame_patch or default_patches(frame_tokens)
+        if frame_tokens % patches:
+            raise ValueError(
+                f"num_frame_patch={patches} does not divide a frame's {frame_tokens} tokens "
+                "(upstream cuts frames into whole patches)"
+            )
+        return Budget(
+            frame_tokens,
+            self.sink_size,
+            self.spatial_context_length,
+            self.temporal_context_length,
+            self.dynamic_context_length,
+            patches,
+            self.sim_retention_ratio,
+            self.ar_start,
+        )
+
     def plans(
         self, model: str, layers: int, kv_heads: int, frame_tokens: int
     ) -> list[ForcingKVLayer]:
@@ -232,17 +441,29 @@ class ForcingKV(KVPruner):
                 f"{self.profile_path(model)} has {profile.layers} layers x "
                 f"{len(profile.heads[0])} heads; {model} has {layers} x {kv_heads}"
             )
-        anchor = self.anchor_frames or profile.anchor_frames
+        budget = self.budget(frame_tokens)
+        decider = deciding_layer(profile.heads)
+        shared = SharedSelection()
         return [
-            ForcingKVLayer(kinds, frame_tokens, anchor, self.segments, self.retention)
-            for kinds in profile.heads
+            ForcingKVLayer(i, kinds, budget, shared, decides=i == decider)
+            for i, kinds in enumerate(profile.heads)
         ]
 
     def extra_id(self) -> list[str]:
-        parts = [f"a{self.anchor_frames}"] if self.anchor_frames is not None else []
-        parts += [f"s{self.segments}"] if self.segments != DEFAULT_SEGMENTS else []
-        if self.retention != DEFAULT_RETENTION:
-            parts.append(f"r{round(100 * self.retention)}")
+        defaults = {f.name: f.default for f in fields(self)}
+        parts = []
+        for name, tag in self.ID_PARTS.items():
+            value = getattr(self, name)
+            if value != defaults[name]:
+                parts.append(f"{tag}{value}")
+        if self.sim_retention_ratio != defaults["sim_retention_ratio"]:
+            parts.append(f"r{percent_id(self.sim_retention_ratio)}")
         if self.profile_sha256 is not None:
             parts.append(f"p{self.profile_sha256[:8]}")
         return parts
+
+
+def deciding_layer(heads: tuple[tuple[str, ...], ...]) -> int | None:
+    """Layer 1 (upstream), or the first later layer with a dynamic head when layer 1 has none;
+    None when no layer after 0 has one (nothing to select for)."""
+    return next((i for i, kinds in enumerate(heads) if i >= 1 and "dynamic" in kinds), None)

@@ -2,31 +2,49 @@
 
 While a model generates with a full-precision cache, :class:`FrameMassProbe` measures for every
 denoising step of every chunk that reads a cache, per layer and query head, the mean over the
-chunk's queries of the softmax mass on each key frame:
+chunk's queries of the softmax mass on each key frame (cached frames, then the current chunk's):
 
-    m_f = mean_q Σ_{i ∈ frame f} softmax(τ q·k)_i        f ∈ {current chunk, cached frames}
+    m_f = mean_q Σ_{i ∈ frame f} softmax(τ q·k)_i
 
-A head's *local mass* is the share on the current chunk and the ``A`` most recent cached frames
-(the transition anchors): ``ℓ = m_current + Σ_{r=1..A} m_(r)`` (``(r)``: the r-th most recent
-cached frame). Averaged over every call, ``ℓ ≥ threshold`` makes the head **static** (it attends
-to the current chunk and the anchors), otherwise **dynamic** (it reads the older history).
+Two rules turn these into classes (``rule`` in the profile file):
 
-A KV head's class is that of the mean ``ℓ`` over the query heads that read it (GQA; equal for
-MHA). The profile also keeps ``m`` by recency per head, and the agreement of the classification
-made from each (prompt, seed) alone and from each denoising step alone with the overall one (the
-paper's stability claim, measured).
+- ``forcing-kv`` (the default; upstream's ``configs_head/head_profile.py``,
+  zju-jiyicheng/Forcing-KV@50ac1f45:configs_head/head_profile.py:8-48): a head's score is the
+  mass on the last ``LAST_K = 4`` key frames over the mass on the key frames after the first
+  ``SKIP_FIRST_K = 1`` (the sink out of the denominator),
+
+      score = Σ_{f ∈ last 4 key frames} m_f / Σ_{f ≥ 1} m_f,      static iff score ≥ 0.8
+
+  (``THRESHOLD 0.8``). The key frames of a read are its cached frames, oldest first, then the
+  current chunk's frames, as upstream's frame-wise attention files; ``last 4`` is ``min(4, n)``
+  of the ``n`` key frames, as upstream. On Self-Forcing (3-frame chunks) that is the current chunk
+  plus the newest cached frame: what a static head keeps besides the sink. jbkv keeps the
+  constant 4 on other geometries (the embedded model's 4-frame chunks: the current chunk alone;
+  ``--last-frames`` changes it) and skips the first key frame *of each read*: the sink when the
+  cache window holds the whole video (Self-Forcing's default 7 chunks; upstream profiles with
+  global attention), the oldest cached frame once a window slides. Upstream classifies one
+  attention file per (layer, head); jbkv pools every read: ``Σ numerators / Σ denominators``
+  over reads (upstream sums its file over query rows the same way), per query head.
+- ``local-mass`` (jbkv's earlier rule, read by ``forcing-kv-history``): the share on the
+  current chunk and the ``A`` most recent cached frames, ``ℓ = m_current + Σ_{r=1..A} m_(r)``,
+  of the total (sink included), averaged over reads; static iff ``ℓ ≥ 0.75`` by default.
+
+A KV head's class is that of the mean score over the query heads that read it (GQA; equal for
+MHA; upstream's models are MHA). The profile also keeps ``m`` by recency per head, and the
+agreement of the classification made from each (prompt, seed) alone and from each denoising step
+alone with the overall one (the paper's stability claim, measured).
 
 MAGI-1 denoises several chunks per forward: each chunk's cache read is one record, its
-"current" mass is on the forward's in-flight chunks it reads, and its step is the forward's step
+"current" frames are the forward's in-flight chunks it reads, and its step is the forward's step
 in its stage.
 
-The JSON file (:data:`FORMAT`) is what :class:`~jbkv_cli.prune.forcing_kv.ForcingKV` reads;
-:func:`load_profile` validates it before any work and names the file in its one-line error.
+The JSON file (:data:`FORMAT`) is what the pruners read; :func:`load_profile` validates it before
+any work and names the file in its one-line error. A file without ``rule`` (written before the
+``forcing-kv`` rule existed) is a ``local-mass`` profile.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +52,18 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.jsonio import FileReadError, parse_json, read_bytes
+
 FORMAT = "jbkv-head-profile/1"
 KINDS = ("static", "dynamic")
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+RULES = ("forcing-kv", "local-mass")
+DEFAULT_RULE = "forcing-kv"
+LAST_FRAMES = 4  # head_profile.py LAST_K
+SKIP_FRAMES = 1  # head_profile.py SKIP_FIRST_K
+THRESHOLDS = {"forcing-kv": 0.8, "local-mass": 0.75}  # head_profile.py THRESHOLD; jbkv's own
 DEFAULT_ANCHOR_FRAMES = 1
-DEFAULT_THRESHOLD = 0.75
+DEFAULT_THRESHOLD = THRESHOLDS["local-mass"]
 
 
 class ProfileError(ValueError):
@@ -47,12 +72,15 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class HeadProfile:
-    """The classes a pruner reads: ``heads[layer][kv_head]`` in :data:`KINDS`."""
+    """The classes a pruner reads: ``heads[layer][kv_head]`` in :data:`KINDS`; ``rule`` made
+    them (:data:`RULES`); ``anchor_frames`` is the ``local-mass`` rule's ``A`` (None for
+    ``forcing-kv`` profiles)."""
 
     model: str
-    anchor_frames: int
+    anchor_frames: int | None
     threshold: float
     heads: tuple[tuple[str, ...], ...]
+    rule: str = "local-mass"
 
     @property
     def layers(self) -> int:
@@ -62,9 +90,13 @@ class HeadProfile:
         return {k: sum(h.count(k) for h in self.heads) for k in KINDS}
 
 
-def default_profile_path(model: str) -> Path:
-    """The profile shipped for ``model`` (it may not exist)."""
-    return PROFILES_DIR / f"{model}.json"
+def default_profile_path(model: str, rule: str = "local-mass") -> Path:
+    """The profile shipped for ``model`` made by ``rule`` (it may not exist):
+    ``profiles/MODEL.json`` (``local-mass``, read by ``forcing-kv-history``) or
+    ``profiles/forcing-kv/MODEL.json``."""
+    if rule == "local-mass":
+        return PROFILES_DIR / f"{model}.json"
+    return PROFILES_DIR / rule / f"{model}.json"
 
 
 def _fail(path: Path | str, why: str) -> ProfileError:
@@ -80,8 +112,11 @@ def parse_profile(doc: Any, path: Path | str = "<profile>") -> HeadProfile:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise _fail(path, "'model' must be a model name")
+    rule = doc.get("rule", "local-mass")
+    if rule not in RULES:
+        raise _fail(path, f"'rule' must be one of {', '.join(RULES)}, got {rule!r}")
     anchor = doc.get("anchor_frames")
-    if type(anchor) is not int or anchor < 1:
+    if (anchor is not None or rule == "local-mass") and (type(anchor) is not int or anchor < 1):
         raise _fail(path, f"'anchor_frames' must be an integer >= 1, got {anchor!r}")
     threshold = doc.get("threshold")
     if not isinstance(threshold, int | float) or isinstance(threshold, bool):
@@ -97,22 +132,27 @@ def parse_profile(doc: Any, path: Path | str = "<profile>") -> HeadProfile:
         if heads and len(kinds) != len(heads[0]):
             raise _fail(path, f"layer {i} has {len(kinds)} heads, layer 0 has {len(heads[0])}")
         heads.append(tuple(kinds))
-    return HeadProfile(model, anchor, float(threshold), tuple(heads))
+    return HeadProfile(model, anchor, float(threshold), tuple(heads), rule)
 
 
 def load_profile(path: Path | str) -> HeadProfile:
     """Read and validate a profile file (:class:`ProfileError` naming ``path``)."""
+    return read_profile(path)[0]
+
+
+def read_profile(path: Path | str) -> tuple[HeadProfile, bytes]:
+    """The validated profile in ``path`` and the bytes it was read from (for its digest).
+
+    Only a regular file of at most :data:`~jbkv_cli.jsonio.MAX_JSON_BYTES` is read (a FIFO or
+    ``/dev/zero`` is refused without blocking); bad UTF-8, bad or too deeply nested JSON and a
+    wrong shape are one :class:`ProfileError` naming ``path``.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _fail(path, exc.strerror or str(exc)) from None
-    except UnicodeDecodeError:
-        raise _fail(path, "not UTF-8 text") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _fail(path, f"invalid JSON ({exc.msg}, line {exc.lineno})") from None
-    return parse_profile(doc, path)
+        data = read_bytes(path, "head profile")
+        doc = parse_json(data, path, "head profile")
+    except FileReadError as exc:
+        raise _fail(path, exc.reason) from None
+    return parse_profile(doc, path), data
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -126,22 +166,25 @@ def frame_mass(
     frame_tokens: int,
     block: int = 256,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean softmax mass per key frame: ``(current [B, Hq], cached [B, Hq, Fc])``.
+    """Mean softmax mass per key frame: ``(current [B, Hq, Fq], cached [B, Hq, Fc])``.
 
     ``q [B, Hq, Lq, D]``, ``k_cached [B, Hkv, Fc·T, D]`` (oldest frame first), ``k_cur`` the
-    current chunk's keys; GQA by head ratio; computed in float32, ``block`` queries at a time.
+    current chunk's keys (``Fq`` frames of ``T`` tokens, in order); GQA by head ratio; computed
+    in float32, ``block`` queries at a time.
     """
     rep = q.shape[-3] // k_cached.shape[-3]
     k = torch.cat([k_cached, k_cur], -2).float().repeat_interleave(rep, dim=-3)
-    lc = k_cached.shape[-2]
-    if lc % frame_tokens:
-        raise ValueError(f"{lc} cached tokens are not whole frames of {frame_tokens}")
-    cur = q.new_zeros(q.shape[:-2], dtype=torch.float32)
+    lc, lq = k_cached.shape[-2], k_cur.shape[-2]
+    for what, n in (("cached", lc), ("current", lq)):
+        if n % frame_tokens:
+            raise ValueError(f"{n} {what} tokens are not whole frames of {frame_tokens}")
+    cur = q.new_zeros((*q.shape[:-2], lq // frame_tokens), dtype=torch.float32)
     cached = q.new_zeros((*q.shape[:-2], lc // frame_tokens), dtype=torch.float32)
     for start in range(0, q.shape[-2], block):
         p = (scale * q[..., start : start + block, :].float() @ k.transpose(-1, -2)).softmax(-1)
-        cur += p[..., lc:].sum((-1, -2))
-        cached += p[..., :lc].unflatten(-1, (-1, frame_tokens)).sum((-1, -3))
+        p = p.unflatten(-1, (-1, frame_tokens)).sum(-1).sum(-2)  # [B, Hq, frames]
+        cached += p[..., : cached.shape[-1]]
+        cur += p[..., cached.shape[-1] :]
     return cur / q.shape[-2], cached / q.shape[-2]
 
 
@@ -151,8 +194,14 @@ class _Record:
     layer: int
     chunk: int
     step: int
-    current: torch.Tensor  # [Hq]
+    current: torch.Tensor  # [Hq], on the whole current chunk
     recent: torch.Tensor  # [Hq, Fc], most recent cached frame first
+    current_frames: torch.Tensor | None = None  # [Hq, Fq] in order (None: one frame)
+
+    def key_frames(self) -> torch.Tensor:
+        """``[Hq, Fc + Fq]``: mass per key frame, oldest cached first, current frames last."""
+        cur = self.current[:, None] if self.current_frames is None else self.current_frames
+        return torch.cat([self.recent.flip(-1), cur], -1)
 
 
 class _ProbedCache:
@@ -200,13 +249,15 @@ class FrameMassProbe:
         if self._step is None or cached is None or cached.num_tokens == 0:
             return
         cur, frames = frame_mass(q, cached.k, k_cur, scale, self.frame_tokens)
+        cur = cur.mean(0).cpu()  # mean over the batch
         record = _Record(
             len(self.samples) - 1,
             layer,
             self._chunk,
             self._step,
-            cur.mean(0).cpu(),  # mean over the batch
+            cur.sum(-1),
             frames.mean(0).flip(-1).cpu(),
+            cur,
         )
         self.records.append(record)
 
@@ -214,9 +265,72 @@ class FrameMassProbe:
 # --- classifying --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Rule:
+    """How frame masses become classes (see the module docstring): ``name`` in :data:`RULES`,
+    ``threshold`` (None: the rule's, :data:`THRESHOLDS`), ``last_frames``/``skip_frames`` (the
+    ``forcing-kv`` rule) and ``anchor_frames`` (the ``local-mass`` rule)."""
+
+    name: str = DEFAULT_RULE
+    threshold: float | None = None
+    last_frames: int = LAST_FRAMES
+    skip_frames: int = SKIP_FRAMES
+    anchor_frames: int = DEFAULT_ANCHOR_FRAMES
+
+    def __post_init__(self) -> None:
+        if self.name not in RULES:
+            raise ValueError(f"unknown rule {self.name!r}; known: {', '.join(RULES)}")
+        if self.threshold is None:
+            object.__setattr__(self, "threshold", THRESHOLDS[self.name])
+        if self.last_frames < 1 or self.skip_frames < 0 or self.anchor_frames < 1:
+            raise ValueError("last_frames and anchor_frames must be >= 1, skip_frames >= 0")
+
+    def settings(self) -> dict[str, Any]:
+        """What the profile file records about the rule."""
+        if self.name == "local-mass":
+            return {"rule": self.name, "anchor_frames": self.anchor_frames}
+        return {"rule": self.name, "last_frames": self.last_frames, "skip_frames": self.skip_frames}
+
+    def scores(self, records: list[_Record], layers: int, kv_heads: int) -> torch.Tensor:
+        """``[layers, kv_heads]`` scores over ``records`` (NaN where a layer has none)."""
+        out = torch.full((layers, kv_heads), float("nan"))
+        for layer in range(layers):
+            recs = [r for r in records if r.layer == layer]
+            score = self._score(recs)
+            if score is not None:
+                out[layer] = _kv_mean(score, kv_heads)
+        return out
+
+    def _score(self, records: list[_Record]) -> torch.Tensor | None:
+        """``[Hq]`` for one layer's records, None without a usable one."""
+        if self.name == "local-mass":
+            if not records:
+                return None
+            return torch.stack([local_mass(r, self.anchor_frames) for r in records]).mean(0)
+        parts = [last_frames_mass(r, self.last_frames, self.skip_frames) for r in records]
+        parts = [x for x in parts if x is not None]
+        if not parts:
+            return None
+        num, den = (torch.stack(x).sum(0) for x in zip(*parts, strict=True))
+        return num / den.clamp_min(torch.finfo(torch.float32).tiny)
+
+
 def local_mass(record: _Record, anchor_frames: int) -> torch.Tensor:
     """``ℓ [Hq]``: mass on the current chunk and the ``anchor_frames`` most recent frames."""
     return record.current + record.recent[:, :anchor_frames].sum(-1)
+
+
+def last_frames_mass(
+    record: _Record, last: int = LAST_FRAMES, skip: int = SKIP_FRAMES
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(numerator, denominator) [Hq]`` of upstream's score for one read: the mass on the last
+    ``min(last, n)`` of its ``n`` key frames, and on the key frames after the first ``skip``
+    (head_profile.py ``compute_attn_score``); None when ``n <= skip`` (upstream refuses it)."""
+    frames = record.key_frames()
+    n = frames.shape[-1]
+    if n <= skip:
+        return None
+    return frames[:, -min(last, n) :].sum(-1), frames[:, skip:].sum(-1)
 
 
 def _kv_mean(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -224,36 +338,25 @@ def _kv_mean(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.unflatten(-1, (kv_heads, -1)).mean(-1)
 
 
-def classify(local: torch.Tensor, threshold: float) -> list[list[str]]:
-    """``[layers, heads]`` local masses -> classes."""
-    return [["static" if x >= threshold else "dynamic" for x in row] for row in local.tolist()]
-
-
-def _mean_local(records: list[_Record], layers: int, anchor: int, kv_heads: int) -> torch.Tensor:
-    """Mean ``ℓ`` per (layer, KV head) over ``records`` (NaN where a layer has none)."""
-    sums = defaultdict(list)
-    for r in records:
-        sums[r.layer].append(_kv_mean(local_mass(r, anchor), kv_heads))
-    out = torch.full((layers, kv_heads), float("nan"))
-    for layer, xs in sums.items():
-        out[layer] = torch.stack(xs).mean(0)
-    return out
+def classify(score: torch.Tensor, threshold: float) -> list[list[str]]:
+    """``[layers, heads]`` scores -> classes (static at or above ``threshold``)."""
+    return [["static" if x >= threshold else "dynamic" for x in row] for row in score.tolist()]
 
 
 def _agreement(
     groups: dict[Any, list[_Record]],
     overall: list[list[str]],
-    shape: tuple[int, int, int],
-    threshold: float,
+    shape: tuple[int, int],
+    rule: Rule,
 ) -> dict[str, Any]:
     """Share of (group, layer, head) whose class from the group alone equals the overall one;
     ``worst``: the lowest share of one group."""
     same = total = 0
     worst = 1.0
     for recs in groups.values():
-        local = _mean_local(recs, *shape)
-        ok = ~local.isnan()
-        classes = classify(local.nan_to_num(0.0), threshold)
+        score = rule.scores(recs, *shape)
+        ok = ~score.isnan()
+        classes = classify(score.nan_to_num(0.0), rule.threshold)
         match = [
             c == o
             for row_c, row_o, row_ok in zip(classes, overall, ok.tolist(), strict=True)
@@ -268,20 +371,17 @@ def _agreement(
 
 
 def summarize(
-    probe: FrameMassProbe,
-    layers: int,
-    kv_heads: int,
-    anchor_frames: int = DEFAULT_ANCHOR_FRAMES,
-    threshold: float = DEFAULT_THRESHOLD,
+    probe: FrameMassProbe, layers: int, kv_heads: int, rule: Rule | None = None
 ) -> dict[str, Any]:
-    """The profile's measured part: classes, local masses, frame masses and stability."""
+    """The profile's measured part: classes, scores, frame masses and stability."""
+    rule = rule or Rule()
     if not probe.records:
         raise ValueError("no attention read a cache: nothing to profile (more chunks?)")
-    args = (layers, anchor_frames, kv_heads)
-    local = _mean_local(probe.records, *args)
-    if local.isnan().any():
-        raise ValueError("some layers never read a cache")
-    heads = classify(local, threshold)
+    shape = (layers, kv_heads)
+    score = rule.scores(probe.records, *shape)
+    if score.isnan().any():
+        raise ValueError(f"some layers never read a cache of more than {rule.skip_frames} frames")
+    heads = classify(score, rule.threshold)
     out_layers = []
     for layer in range(layers):
         recs = [r for r in probe.records if r.layer == layer]
@@ -294,7 +394,7 @@ def summarize(
         out_layers.append(
             {
                 "heads": heads[layer],
-                "local_mass": [round(x, 4) for x in local[layer].tolist()],
+                "score": [round(x, 4) for x in score[layer].tolist()],
                 "current_mass": [round(x, 4) for x in current.tolist()],
                 "frame_mass": [
                     [round(float(m[h]), 4) for m in by_recency] for h in range(current.shape[0])
@@ -306,20 +406,38 @@ def summarize(
     for r in probe.records:
         by_sample[r.sample].append(r)
         by_step[r.step].append(r)
-    flat = local.flatten()
-    margin = (flat - threshold).abs().min().item()
+    margin = (score.flatten() - rule.threshold).abs().min().item()
     return {
-        "anchor_frames": anchor_frames,
-        "threshold": threshold,
+        **rule.settings(),
+        "threshold": rule.threshold,
         "counts": {k: sum(row.count(k) for row in heads) for k in KINDS},
         "min_margin": round(margin, 4),
         "layers": out_layers,
         "stability": {
-            "samples": _agreement(by_sample, heads, args, threshold),
-            "steps": _agreement(by_step, heads, args, threshold),
+            "samples": _agreement(by_sample, heads, shape, rule),
+            "steps": _agreement(by_step, heads, shape, rule),
         },
         "calls": len(probe.records),
     }
+
+
+STATISTICS = {
+    "forcing-kv": (
+        "score = mass on the last last_frames key frames / mass on the key frames after the "
+        "first skip_frames (upstream configs_head/head_profile.py), key frames = the cached "
+        "frames then the current chunk's, mass = mean softmax mass over a read's queries, pooled "
+        "over reads (denoising steps, chunks reading a cache, prompts, seeds); static when >= "
+        "threshold (per KV head: mean over its query heads). frame_mass[h]: mass per cached "
+        "frame, most recent first; current_mass: on the current chunk."
+    ),
+    "local-mass": (
+        "local mass = mean softmax mass on the current chunk + the anchor_frames most recent "
+        "cached frames, averaged over queries, denoising steps, chunks reading a cache, layers' "
+        "calls, prompts and seeds; static when >= threshold (per KV head: mean over its query "
+        "heads). frame_mass[h]: mass per cached frame, most recent first; current_mass: on the "
+        "current chunk."
+    ),
+}
 
 
 def profile_document(
@@ -334,13 +452,7 @@ def profile_document(
         "format": FORMAT,
         "model": model,
         "command": command,
-        "statistic": (
-            "local mass = mean softmax mass on the current chunk + the anchor_frames most recent "
-            "cached frames, averaged over queries, denoising steps, chunks reading a cache, "
-            "layers' calls, prompts and seeds; static when >= threshold (per KV head: mean over "
-            "its query heads). frame_mass[h]: mass per cached frame, most recent first; "
-            "current_mass: on the current chunk."
-        ),
+        "statistic": STATISTICS[measured["rule"]],
         "settings": settings,
         "samples": [{"prompt": p, "seed": s} for p, s in probe.samples],
         **measured,

@@ -7,8 +7,13 @@ from typing import Any
 
 from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.prune.forcing_kv import ForcingKV
+from jbkv_cli.prune.forcing_kv_history import ForcingKVHistory
 
 PRUNERS: dict[str, type[KVPruner]] = {}
+
+# Options only jbkv's earlier pruner has: a stored record named ``forcing-kv`` with them was
+# written before ``forcing-kv`` became the faithful method, by what is now forcing-kv-history.
+LEGACY_FORCING_KV_OPTIONS = frozenset({"anchor_frames", "segments", "retention"})
 
 
 def register_pruner(cls: type[KVPruner]) -> type[KVPruner]:
@@ -35,6 +40,17 @@ def build_pruner(name: str, **options: Any) -> KVPruner:
         raise ValueError(f"pruner {name!r} does not take these options ({exc})") from None
 
 
+def pruner_from_record(data: dict[str, Any]) -> KVPruner:
+    """The pruner a run folder recorded (``{"name": ..., **options}``). A ``forcing-kv`` record
+    with the earlier pruner's options (``anchor_frames``, ``segments``, ``retention``) is that
+    pruner, now ``forcing-kv-history``: same options, same variant id (``fkv…``)."""
+    name = data["name"]
+    options = {k: v for k, v in data.items() if k != "name"}
+    if name == ForcingKV.name and LEGACY_FORCING_KV_OPTIONS & options.keys():
+        name = ForcingKVHistory.name
+    return build_pruner(name, **options)
+
+
 def table_rank(name: str) -> int:
     """Position of a pruner in tables: registration order (unknown names last)."""
     names = list(PRUNERS)
@@ -42,3 +58,4 @@ def table_rank(name: str) -> int:
 
 
 register_pruner(ForcingKV)
+register_pruner(ForcingKVHistory)

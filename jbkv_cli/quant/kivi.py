@@ -53,12 +53,14 @@ from typing import ClassVar
 
 import torch
 
+from jbkv_cli.fields import option
 from jbkv_cli.quant.groupwise import pack_codes, quantize_groups, unpack_codes
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.rtn import store_groups
 from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
 
 DEFAULT_RESIDUAL = 128
+MAX_RESIDUAL = 2**20
 
 
 @dataclass
@@ -123,11 +125,11 @@ class KIVI(KVMethod):
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
     noise_model: ClassVar[str] = ADDITIVE
 
-    residual: int = DEFAULT_RESIDUAL
+    residual: int = option(DEFAULT_RESIDUAL, "int", lo=0, hi=MAX_RESIDUAL)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.residual < 0 or self.residual % self.group_size:
+        if self.residual % self.group_size:
             raise ValueError(
                 f"kivi residual must be a non-negative multiple of group_size "
                 f"{self.group_size}, got {self.residual}"

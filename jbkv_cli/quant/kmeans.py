@@ -26,6 +26,8 @@ import torch
 DEFAULT_MAX_ELEMENTS = 1 << 22
 CENTROID_DTYPE = torch.bfloat16  # stored centroids (QVG, QuantWM)
 MAX_CENTROIDS = 256  # uint8 cluster ids
+MAX_ITERS = 1000  # Lloyd rounds an option may ask for
+MAX_TOKENS_PER_CENTROID = 2**20
 
 
 def capped_centroids(k: int, tokens: int, tokens_per_centroid: int) -> int:

@@ -10,16 +10,19 @@ method".
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import torch
 
+from jbkv_cli.fields import check_fields, option
 from jbkv_cli.quant.groupwise import check_group_size
+from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
 
 Role = Literal["key", "value"]
+MAX_GROUP_SIZE = 4096
 ROLES: tuple[Role, ...] = ("key", "value")
 
 
@@ -46,6 +49,12 @@ class KVMethod:
     ``noise_model``, how its stored keys relate to the true ones (:mod:`jbkv_cli.quant.noise`;
     the key tensor it returns declares the same next to its ``step``; a method that does not say
     gets ``additive (assumed)``).
+
+    Every field is declared with :func:`~jbkv_cli.fields.option` (type and bounds, in one
+    place); ``__post_init__`` validates them and stores canonical values, so ``-M`` values,
+    ``variant.json`` and Python callers all go through one validator. ``UNUSED_OPTIONS`` names
+    fields a subclass ignores (an ablation): they are reset to their defaults, so one behaviour
+    has one stored spec and one variant id (``-M`` refuses them).
     """
 
     name: ClassVar[str] = ""
@@ -53,18 +62,21 @@ class KVMethod:
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
     needs_queries: ClassVar[bool] = False
     noise_model: ClassVar[str] = ASSUMED
+    UNUSED_OPTIONS: ClassVar[tuple[str, ...]] = ()
 
-    bits: int = 2
-    group_size: int = 32
+    bits: int = option(2, "int", lo=2, hi=8, cli=False)
+    group_size: int = option(32, "int", lo=1, hi=MAX_GROUP_SIZE, cli=False)
 
     def __post_init__(self) -> None:
+        check_fields(self, self.name)
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in self.UNUSED_OPTIONS:  # canonical: one behaviour, one spec, one variant id
+            object.__setattr__(self, name, defaults[name])
         if self.bits not in self.SUPPORTED_BITS:
             raise ValueError(
                 f"{self.name} supports bits {', '.join(map(str, self.SUPPORTED_BITS))}, "
                 f"got {self.bits}"
             )
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be positive, got {self.group_size}")
 
     # --- what subclasses provide -----------------------------------------------------------
 
@@ -82,6 +94,24 @@ class KVMethod:
     def residual_tokens(self, role: Role = "key") -> int:
         """The newest cached tokens kept in full precision (KIVI's residual); 0 for most."""
         return 0
+
+    def cache_policy(self) -> SpanPolicy:
+        """Which finished chunks the cache compresses together, and when
+        (:mod:`jbkv_cli.quant.policy`); every chunk at its commit, alone, for most."""
+        return PER_CHUNK
+
+    def key_layout(self) -> str:
+        """``post-rope`` (keys cached rotated, most) or ``pre-rope`` (cached before RoPE and
+        rotated on read, :mod:`jbkv_cli.attention.rope`)."""
+        return "post-rope"
+
+    def for_model(
+        self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
+    ) -> KVMethod:
+        """This method with the options left to the model filled in as its source runs them
+        on ``model`` (``chunk_tokens`` per chunk when known; ``pruned``: the cache prunes);
+        itself for most methods."""
+        return self
 
     # --- shared -----------------------------------------------------------------------------
 

@@ -60,16 +60,19 @@ from typing import ClassVar
 
 import torch
 
+from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import FP8_MAX, RTN_BITS, STEP_DTYPE
 from jbkv_cli.quant.kmeans import (
     CENTROID_DTYPE,
     DEFAULT_MAX_ELEMENTS,
     MAX_CENTROIDS,
+    MAX_ITERS,
+    MAX_TOKENS_PER_CENTROID,
     capped_centroids,
     init_centroids,
     update_centroids,
 )
-from jbkv_cli.quant.method import KVMethod, Role
+from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rtn import store_groups
 from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
@@ -228,24 +231,11 @@ class QuantWM(KVMethod):
     qsac: ClassVar[bool] = True
     psac: ClassVar[bool] = True
 
-    centroids: int = 256
-    tokens_per_centroid: int = 64
-    iters: int = 2
-    seed: int = 0
-    rank: int = 2
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 1 <= self.centroids <= MAX_CENTROIDS:
-            raise ValueError(
-                f"centroids must be in 1..{MAX_CENTROIDS} (uint8 ids), got {self.centroids}"
-            )
-        if self.tokens_per_centroid < 0:
-            raise ValueError(f"tokens_per_centroid must be >= 0, got {self.tokens_per_centroid}")
-        if self.iters < 1:
-            raise ValueError(f"iters must be >= 1, got {self.iters}")
-        if self.rank < 1:
-            raise ValueError(f"rank must be >= 1, got {self.rank}")
+    centroids: int = option(256, "int", lo=1, hi=MAX_CENTROIDS, note="uint8 cluster ids")
+    tokens_per_centroid: int = option(64, "int", lo=0, hi=MAX_TOKENS_PER_CENTROID)
+    iters: int = option(2, "int", lo=1, hi=MAX_ITERS)
+    seed: int = option(0, "int", lo=0, hi=MAX_SEED)
+    rank: int = option(2, "int", lo=1, hi=MAX_GROUP_SIZE)  # at most the head dim (check)
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)
@@ -320,6 +310,7 @@ class QuantWMQSAC(QuantWM):
     name: ClassVar[str] = "quantwm-qsac"
     summary: ClassVar[str] = "after QuantWM, QSAC alone: query-sensitivity-aware key clustering"
     psac: ClassVar[bool] = False
+    UNUSED_OPTIONS: ClassVar[tuple[str, ...]] = ("rank",)
 
 
 @dataclass(frozen=True)
@@ -329,3 +320,9 @@ class QuantWMPSAC(QuantWM):
     name: ClassVar[str] = "quantwm-psac"
     summary: ClassVar[str] = "after QuantWM, PSAC alone: RTN keys + principal-subspace compensation"
     qsac: ClassVar[bool] = False
+    UNUSED_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "centroids",
+        "tokens_per_centroid",
+        "iters",
+        "seed",
+    )

@@ -15,7 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.quant.method import Role
+from jbkv_cli.fields import MAX_SEED, option
+from jbkv_cli.quant.method import MAX_GROUP_SIZE, Role
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.rtn import RTN, store_groups
 from jbkv_cli.quant.tensor import GroupQuantized
@@ -28,8 +29,10 @@ class QuaRot(RTN):
     name: ClassVar[str] = "quarot"
     summary: ClassVar[str] = "seeded randomized Hadamard rotation, then RTN (covering grid)"
 
-    seed: int = 0
-    block_size: int | None = None
+    seed: int = option(0, "int", lo=0, hi=MAX_SEED)
+    block_size: int | None = option(
+        None, "int", lo=2, hi=MAX_GROUP_SIZE, power_of_two=True, optional=True
+    )
 
     def check(self, head_dim: int) -> None:
         super().check(head_dim)

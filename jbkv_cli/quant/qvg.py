@@ -1,7 +1,8 @@
-"""QVG: after QuantVideoGen (Xi et al., arXiv 2602.02958; ``quant-videogen`` 0.1.0).
+"""QVG: after QuantVideoGen (Xi et al., arXiv 2602.02958; ``quant-videogen`` 0.1.0), with its
+integrations' cache policy (``svg-project/Quant-VideoGen@0601468f``, :mod:`~jbkv_cli.quant.qvg_policy`).
 
-Per committed chunk ``x [..., L, D]`` (one codebook per chunk and (batch, head); keys and
-values clustered separately, as upstream's ``compress_kv_cache`` does):
+Per quantized span ``x [..., L, D]`` of one or more finished chunks (one codebook per span and
+(batch, head); keys and values clustered separately, as upstream's ``compress_kv_cache`` does):
 
 1. **Semantic-aware smoothing + progressive residual quantization (PRQ)**, ``S`` stages: with
    ``r⁰ = x``, stage ``s`` runs seeded k-means (:mod:`jbkv_cli.quant.kmeans`) over the ``L``
@@ -43,26 +44,52 @@ Choices where upstream or the paper leave room (the reasons we label it "after Q
 - **Iterations.** Default ``iters = 2``, as in upstream's Self-Forcing, HY-WorldPlay and
   LingBot-v2 scripts (``kmeans_max_iters=2``); early stop when no assignment changes (upstream:
   change rate below 1e-4).
-- **K cap.** Upstream quantizes spans of one or more chunks of thousands of tokens (Self-Forcing:
-  8 chunks of 4,680 tokens share K = 256, ≈146 tokens per centroid; LingBot-v2 quantizes every
-  chunk, ≈18 per centroid). jbkv's chunk is its span, and the embedded model commits 256-token
-  chunks, where K = 256 would give every token its own centroid (lossless, ≈18 bits/element).
-  So ``K_eff = min(K, max(1, L // tokens_per_centroid))`` with ``tokens_per_centroid = 64`` by
-  default: the BF16 codebook costs ≤ 16/64 = 0.25 bit/element, within upstream's range. ``0``
-  turns the cap off (``K_eff = min(K, L)``). The stored centroid count is what storage counts.
+- **K rule** (``tokens_per_centroid`` None, the default). Upstream always uses K = 256
+  (Self-Forcing: 8 chunks of 4,680 tokens share it, ≈146 tokens per centroid; LingBot-v2 per
+  chunk, ≈18). Where a span holds ≥ 16·K tokens (every real model: one Self-Forcing chunk is
+  4,680 ≥ 4,096) K is used as asked. Below that — the embedded model's 256-token chunks, where
+  K = 256 would give every token its own centroid (lossless, ≈18 bits/element) — ``K_eff =
+  min(K, L // 64)``: the BF16 codebook costs ≤ 0.25 bit/element. An explicit
+  ``tokens_per_centroid`` is that cap everywhere (0: none, ``K_eff = min(K, L)``). For a model
+  the rule is resolved from its chunk size, so the label says which applies (``K256`` or
+  ``K≤L/64``). The stored centroid count is what storage counts.
 - **Stages** ``S ≥ 0``; ``S = 0`` is plain symmetric absmax quantization (no smoothing), an
   ablation upstream's dequantizer does not accept. K ≤ 256 (uint8 ids, as upstream).
-- Not reproduced: the Triton kernels (this is CPU-friendly torch), multi-chunk spans, the
-  ``-clip`` variants, the asymmetric option and BF16 scales.
+- Not reproduced: the Triton kernels (this is CPU-friendly torch), the ``-clip`` variants, the
+  asymmetric option and BF16 scales.
+
+Cache policy (the cache carries it out, :mod:`jbkv_cli.kvcache.spans`; upstream's rules and
+lines in :mod:`~jbkv_cli.quant.qvg_policy`):
+
+- ``span_chunks`` N: chunks ``[kN, (k+1)N)`` share one codebook; they stay 16-bit (and count
+  as 16-bit) until the span is full and ``keep_recent_chunks`` newer chunks are committed, then
+  the chunks of it still in the window are quantized together. A quantized span is held whole
+  until its last chunk leaves the window (upstream's ``evict_range``).
+- ``sink_keep_chunks``: the first attention-sink chunks that stay 16-bit; the model's other sink
+  chunks are quantized as spans of their own. None keeps every sink chunk 16-bit (jbkv's rule).
+- ``layout``: ``pre-rope`` caches keys before RoPE and rotates them on read at their stored
+  positions (upstream's Self-Forcing integration); the correction then follows the rotated
+  noise (:mod:`jbkv_cli.attention.rope`: unchanged for QVG's blocks of whole RoPE pairs).
+- None (the defaults) means "as upstream runs the model" (:meth:`QVG.for_model`: Self-Forcing
+  N = 8, pre-RoPE; models without a QVG script LingBot-v2's 1/1/1, post-RoPE); where nothing
+  is filled in (the embedded model, direct use), every chunk is quantized at its commit,
+  post-RoPE, every sink kept.
+- Differences: jbkv stores a chunk's clean (t = 0) keys and values once, at its commit; upstream
+  writes the noisy ones of every step into the chunk's slot before the clean pass overwrites
+  them. jbkv's cache holds the current chunk outside the cache; upstream's ``local_attn_size``
+  counts it (jbkv's ``window`` = upstream's rolling chunks − 1; quantizing before evicting keeps
+  upstream's clamp to the window). Pre-RoPE keys are rotated in the model's table dtype
+  (float32), upstream in float64.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
 
+from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import (
     STEP_DTYPE,
     check_group_size,
@@ -74,10 +101,13 @@ from jbkv_cli.quant.kmeans import (
     CENTROID_DTYPE,
     DEFAULT_MAX_ELEMENTS,
     MAX_CENTROIDS,
-    capped_centroids,
+    MAX_ITERS,
+    MAX_TOKENS_PER_CENTROID,
     kmeans,
 )
-from jbkv_cli.quant.method import KVMethod, Role
+from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
+from jbkv_cli.quant.policy import SpanPolicy
+from jbkv_cli.quant.qvg_policy import LAYOUTS, effective_centroids, integration, resolved_cap
 from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
 
 
@@ -168,39 +198,43 @@ class QVGTensor(QuantizedTensor):
         return (self.smoothing() + self.residual()).to(self.dtype)
 
 
+MAX_STAGES = 8
+MAX_SPAN_CHUNKS = 4096
+
+
 @dataclass(frozen=True)
 class QVG(KVMethod):
     """``group_size`` is QVG's ``B`` (channels per FP8 scale); ``stages`` S, ``centroids`` K
     (≤ 256), ``iters`` of k-means, ``seed`` of its init, ``tokens_per_centroid`` the K cap
-    (``K_eff = min(K, L // tokens_per_centroid)``, 0: no cap). See the module docstring."""
+    (None: the K rule; ``K_eff = min(K, L // tokens_per_centroid)``, 0: no cap); the cache
+    policy ``span_chunks``, ``keep_recent_chunks``, ``sink_keep_chunks`` and ``layout``
+    (None: as upstream runs the model). See the module docstring."""
 
     name: ClassVar[str] = "qvg"
     summary: ClassVar[str] = (
-        "after QuantVideoGen: seeded k-means over tokens (S stages, K ≤ L/64 centroids, BF16), "
-        "symmetric residual codes, FP8 scales per B channels"
+        "after QuantVideoGen: seeded k-means over spans of chunks (S stages, K = 256, or L/64 "
+        "for small chunks, BF16), symmetric residual codes, FP8 scales per B channels; spans, "
+        "guards and pre-RoPE keys as its integrations"
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
     noise_model: ClassVar[str] = MIXED
 
-    group_size: int = 64
-    stages: int = 1
-    centroids: int = 256
-    iters: int = 2
-    seed: int = 0
-    tokens_per_centroid: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.stages < 0:
-            raise ValueError(f"stages must be >= 0, got {self.stages}")
-        if not 1 <= self.centroids <= MAX_CENTROIDS:
-            raise ValueError(
-                f"centroids must be in 1..{MAX_CENTROIDS} (uint8 cluster ids), got {self.centroids}"
-            )
-        if self.iters < 1:
-            raise ValueError(f"iters must be >= 1, got {self.iters}")
-        if self.tokens_per_centroid < 0:
-            raise ValueError(f"tokens_per_centroid must be >= 0, got {self.tokens_per_centroid}")
+    group_size: int = option(64, "int", lo=1, hi=MAX_GROUP_SIZE, cli=False)
+    stages: int = option(1, "int", lo=0, hi=MAX_STAGES)
+    centroids: int = option(256, "int", lo=1, hi=MAX_CENTROIDS, note="uint8 cluster ids")
+    iters: int = option(2, "int", lo=1, hi=MAX_ITERS)
+    seed: int = option(0, "int", lo=0, hi=MAX_SEED)
+    tokens_per_centroid: int | None = option(
+        None, "int", lo=0, hi=MAX_TOKENS_PER_CENTROID, optional=True, note="none: the K rule"
+    )
+    span_chunks: int | None = option(
+        None, "int", lo=1, hi=MAX_SPAN_CHUNKS, optional=True, note="chunks per codebook"
+    )
+    keep_recent_chunks: int | None = option(None, "int", lo=0, hi=MAX_SPAN_CHUNKS, optional=True)
+    sink_keep_chunks: int | None = option(
+        None, "int", lo=0, hi=MAX_SPAN_CHUNKS, optional=True, note="none: every sink chunk"
+    )
+    layout: str | None = option(None, "str", choices=LAYOUTS, optional=True, note="keys")
 
     def check(self, head_dim: int) -> None:
         check_group_size(head_dim, self.group_size)
@@ -209,8 +243,38 @@ class QVG(KVMethod):
             raise ValueError(f"INT{self.bits} packing needs a head dim divisible by {per_byte}")
 
     def effective_centroids(self, tokens: int) -> int:
-        """``K_eff`` for a chunk of ``tokens`` tokens."""
-        return capped_centroids(self.centroids, tokens, self.tokens_per_centroid)
+        """``K_eff`` for a span of ``tokens`` tokens (the K rule, or the cap asked for)."""
+        return effective_centroids(self.centroids, tokens, self.tokens_per_centroid)
+
+    def cache_policy(self) -> SpanPolicy:
+        """Spans, keep-recent and sink-keep (module docstring); per chunk where None."""
+        return SpanPolicy(
+            self.span_chunks or 1, self.keep_recent_chunks or 0, self.sink_keep_chunks
+        )
+
+    def key_layout(self) -> str:
+        return self.layout or "post-rope"
+
+    def for_model(
+        self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
+    ) -> QVG:
+        """The options left None filled in as upstream runs ``model`` (``name`` or
+        ``name:config``; :mod:`~jbkv_cli.quant.qvg_policy`), and the K rule resolved for spans
+        of ``chunk_tokens``-token chunks. A pruned cache is stored per chunk: no policy."""
+        fill: dict = {}
+        found = None if pruned else integration(model)
+        if found is not None:
+            fill = {
+                "span_chunks": found.span_chunks,
+                "keep_recent_chunks": found.keep_recent_chunks,
+                "sink_keep_chunks": found.sink_keep_chunks,
+                "layout": found.key_layout,
+            }
+        out = replace(self, **{k: v for k, v in fill.items() if getattr(self, k) is None})
+        if chunk_tokens is not None and out.tokens_per_centroid is None:
+            span = chunk_tokens * (out.span_chunks or 1)
+            out = replace(out, tokens_per_centroid=resolved_cap(out.centroids, span))
+        return out
 
     def _quantize(self, x: torch.Tensor, role: Role) -> QVGTensor:
         lead, (length, dim) = x.shape[:-2], x.shape[-2:]
@@ -241,10 +305,44 @@ class QVG(KVMethod):
         )
 
     def extra_id(self) -> list[str]:
+        """Variant-id parts: non-default quantizer options, then every policy option set (a
+        resolved one included, so two specs never share an id); ``tpc64`` is left out (the
+        embedded model's runs made before the K rule keep their ids)."""
         parts = [f"s{self.stages}"] if self.stages != 1 else []
         parts += [f"k{self.centroids}"] if self.centroids != 256 else []
         parts += [f"it{self.iters}"] if self.iters != 2 else []
         parts += [f"ks{self.seed}"] if self.seed else []
-        return parts + (
-            [f"tpc{self.tokens_per_centroid}"] if self.tokens_per_centroid != 64 else []
+        tpc = self.tokens_per_centroid
+        parts += [f"tpc{tpc}"] if tpc is not None and tpc != 64 else []
+        return parts + self._policy_parts(id_form=True)
+
+    def _policy_parts(self, id_form: bool) -> list[str]:
+        n, recent, sink = self.span_chunks, self.keep_recent_chunks, self.sink_keep_chunks
+        layout = self.layout
+        if id_form:
+            return (
+                ([f"n{n}"] if n is not None else [])
+                + ([f"kr{recent}"] if recent is not None else [])
+                + ([f"sk{sink}"] if sink is not None else [])
+                + ([layout.replace("-", "")] if layout is not None else [])
+            )
+        return (
+            ([f"N{n}"] if n is not None else [])
+            + ([f"recent{recent}"] if recent else [])
+            + ([f"sink-keep{sink}"] if sink else [])
+            + (["pre-RoPE"] if layout == "pre-rope" else [])
         )
+
+    @property
+    def label(self) -> str:
+        """e.g. ``INT2 qvg g64 K256 N8 pre-RoPE``: the K rule that applies (when resolved) and
+        the policy, after the quantizer's options."""
+        tpc = self.tokens_per_centroid
+        k = [] if tpc is None else [f"K{self.centroids}" if tpc == 0 else f"K≤L/{tpc}"]
+        parts = [f"s{self.stages}"] if self.stages != 1 else []
+        parts += [f"it{self.iters}"] if self.iters != 2 else []
+        parts += [f"ks{self.seed}"] if self.seed else []
+        if tpc is None and self.centroids != 256:
+            parts.append(f"k{self.centroids}")
+        head = [f"INT{self.bits}", self.name, f"g{self.group_size}", *parts]
+        return " ".join(head + k + self._policy_parts(id_form=False))

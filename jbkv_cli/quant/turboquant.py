@@ -68,6 +68,7 @@ from typing import ClassVar
 
 import torch
 
+from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import check_group_size, pack_codes, unpack_codes
 from jbkv_cli.quant.lloyd_max import Codebook, lloyd_max
 from jbkv_cli.quant.method import KVMethod, Role
@@ -243,7 +244,7 @@ class TurboQuantMSE(KVMethod):
     noise_model: ClassVar[str] = CENTROID
     sketch: ClassVar[bool] = False
 
-    seed: int = 0
+    seed: int = option(0, "int", lo=0, hi=MAX_SEED)
 
     def check(self, head_dim: int) -> None:
         check_group_size(head_dim, self.group_size)

@@ -24,7 +24,7 @@ SMALL = ["--prompt", PROMPT, "--seeds", "0", "--num-chunks", "3", "--steps", "1"
 def pruned_run(tmp_path_factory) -> tuple[Path, dict, str]:
     out = tmp_path_factory.mktemp("pruned")
     args = ["quantize-eval", *SMALL, "--quantizers", "rtn", "--bits", "2"]
-    args += ["--pruners", "none,forcing-kv", "--corrections", "none,taylor"]
+    args += ["--pruners", "none,forcing-kv,forcing-kv-history", "--corrections", "none,taylor"]
     args += ["--no-lpips", "--no-plots", "--out", str(out), "--json", str(out / "r.json")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -38,24 +38,35 @@ def test_quantize_eval_rows_carry_the_pruner(pruned_run):
         "reference",
         "int2-rtn-g32",
         "int2-rtn-g32-taylor",
+        "forcingkv",
+        "int2-rtn-g32-forcingkv",
+        "int2-rtn-g32-forcingkv-taylor",
         "fkv",
         "int2-rtn-g32-fkv",
         "int2-rtn-g32-fkv-taylor",
     ]
-    assert {r["pruner"] for r in rows.values()} == {"none", "forcing-kv"}
+    pruners = {"none", "forcing-kv", "forcing-kv-history"}
+    assert {r["pruner"] for r in rows.values()} == pruners
     assert rows["reference"]["kv_ratio"] == 1.0 and rows["reference"]["pruner"] == "none"
-    fkv, int2 = rows["fkv"], rows["int2-rtn-g32"]
-    assert fkv["label"] == "FP32 Forcing-KV" and fkv["bits"] == 16
-    assert 0 < fkv["kv_ratio"] < 1
-    pruned = rows["int2-rtn-g32-fkv-taylor"]
-    assert pruned["kv_ratio"] < int2["kv_ratio"] and pruned["storage"] == "int2-rtn-g32-fkv"
-    for r in (fkv, pruned):
-        split = r["kv_bytes_by_head"]
-        assert set(split) == {"static", "dynamic"} and sum(split.values()) == r["kv_cache_bytes"]
-    assert pruned["psnr"]["mean"] > 10 and fkv["psnr"]["mean"] > pruned["psnr"]["mean"]
-    gains = {g["storage"]: g for g in data["correction_gains"]}
-    assert set(gains) == {"int2-rtn-g32", "int2-rtn-g32-fkv"}
-    assert "Forcing-KV" in output and "KV/ref" in output and "static heads" in output
+    int2 = rows["int2-rtn-g32"]
+    # the shipped profiles: forcing-kv's (upstream's rule) finds no static head on this model
+    for short, title, kinds in (
+        ("forcingkv", "Forcing-KV", {"unsplit", "dynamic"}),
+        ("fkv", "Forcing-KV-history", {"static", "dynamic"}),
+    ):
+        fp = rows[short]
+        assert fp["label"] == f"FP32 {title}" and fp["bits"] == 16
+        assert 0 < fp["kv_ratio"] < 1
+        pruned = rows[f"int2-rtn-g32-{short}-taylor"]
+        assert pruned["kv_ratio"] < int2["kv_ratio"]
+        assert pruned["storage"] == f"int2-rtn-g32-{short}"
+        for r in (fp, pruned):
+            split = r["kv_bytes_by_head"]
+            assert set(split) == kinds and sum(split.values()) == r["kv_cache_bytes"]
+        assert pruned["psnr"]["mean"] > 10 and fp["psnr"]["mean"] > pruned["psnr"]["mean"]
+    gains = {g["storage"] for g in data["correction_gains"]}
+    assert gains == {"int2-rtn-g32", "int2-rtn-g32-forcingkv", "int2-rtn-g32-fkv"}
+    assert "Forcing-KV" in output and "KV/ref" in output and "dynamic heads" in output
 
 
 def test_report_rebuilds_the_pruned_rows(pruned_run):
@@ -65,42 +76,83 @@ def test_report_rebuilds_the_pruned_rows(pruned_run):
     assert json.loads(result.output)["rows"] == data["rows"]
     page = (run / "report" / "index.html").read_text()
     assert "INT2 rtn g32 Forcing-KV +taylor" in page
+    assert "INT2 rtn g32 Forcing-KV-history +taylor" in page
     table = (run / "report" / "table.md").read_text()
     assert "| FP32 Forcing-KV | none + forcing-kv | 32 |" in table  # stored as the model gave it
+    assert "| FP32 Forcing-KV-history | none + forcing-kv-history | 32 |" in table
 
 
 def test_generate_with_a_pruner(tmp_path):
-    args = ["generate", *SMALL, "--bits", "2", "-q", "rtn", "--correct", "--pruner", "forcing-kv"]
-    args += ["-M", "forcing-kv.retention=0.5", "--out", str(tmp_path / "run")]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    spec = json.loads(
-        (tmp_path / "run/videos/int2-rtn-g32-fkv-r50-taylor/variant.json").read_text()
-    )
-    assert spec["pruner"] == {
-        "name": "forcing-kv",
-        "anchor_frames": None,
-        "segments": 8,
-        "retention": 0.5,
-        "profile": None,
-        "profile_sha256": None,
-    }
-    assert "pruner" not in json.loads((tmp_path / "run/videos/reference/variant.json").read_text())
+    base = ["generate", *SMALL, "--bits", "2", "-q", "rtn", "--correct", "--out", str(tmp_path)]
+    for pruner, option, folder, stored in (
+        (
+            "forcing-kv",
+            "sim_retention_ratio=0.5",
+            "int2-rtn-g32-forcingkv-r50-taylor",
+            {
+                "name": "forcing-kv",
+                "sink_size": 1,
+                "spatial_context_length": 1,
+                "temporal_context_length": 1,
+                "dynamic_context_length": None,
+                "num_frame_patch": None,
+                "sim_retention_ratio": 0.5,
+                "ar_start": 1,
+                "profile": None,
+                "profile_sha256": None,
+            },
+        ),
+        (
+            "forcing-kv-history",
+            "retention=0.5",
+            "int2-rtn-g32-fkv-r50-taylor",
+            {
+                "name": "forcing-kv-history",
+                "anchor_frames": None,
+                "segments": 8,
+                "retention": 0.5,
+                "profile": None,
+                "profile_sha256": None,
+            },
+        ),
+    ):
+        args = [*base[:-1], str(tmp_path / pruner), "--pruner", pruner, "-M", f"{pruner}.{option}"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        spec = json.loads((tmp_path / pruner / "videos" / folder / "variant.json").read_text())
+        assert spec["pruner"] == stored
+    reference = tmp_path / "forcing-kv/videos/reference/variant.json"
+    assert "pruner" not in json.loads(reference.read_text())
 
 
 def test_profile_heads_writes_a_profile_the_pruner_reads(tmp_path):
     path = tmp_path / "heads.json"
-    args = ["profile-heads", *SMALL, "--anchor-frames", "2", "--threshold", "0.6"]
-    result = CliRunner().invoke(app, [*args, "--out", str(path)])
+    result = CliRunner().invoke(app, ["profile-heads", *SMALL, "--out", str(path)])
     assert result.exit_code == 0, result.output
     profile = load_profile(path)
-    assert profile.layers == 4 and profile.anchor_frames == 2 and profile.threshold == 0.6
+    assert (profile.rule, profile.threshold, profile.anchor_frames) == ("forcing-kv", 0.8, None)
     doc = json.loads(path.read_text())
     assert doc["samples"] == [{"prompt": PROMPT, "seed": 0}]
-    assert doc["command"].startswith("jbkv profile-heads --model tiny --anchor-frames 2")
+    assert doc["command"].startswith(
+        "jbkv profile-heads --model tiny --rule forcing-kv --last-frames 4 --skip-frames 1 "
+        "--threshold 0.8"
+    )
     assert set(doc["stability"]) == {"samples", "steps"}
     args = ["generate", *SMALL, "--bits", "16", "--pruner", "forcing-kv"]
     args += ["-M", f"forcing-kv.profile={path}", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    # jbkv's earlier rule, for forcing-kv-history
+    old = tmp_path / "old.json"
+    args = ["profile-heads", *SMALL, "--rule", "local-mass", "--anchor-frames", "2"]
+    result = CliRunner().invoke(app, [*args, "--threshold", "0.6", "--out", str(old)])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(old)
+    assert (profile.rule, profile.threshold, profile.anchor_frames) == ("local-mass", 0.6, 2)
+    command = json.loads(old.read_text())["command"]
+    assert command.startswith("jbkv profile-heads --model tiny --rule local-mass --anchor-frames 2")
+    args = ["generate", *SMALL, "--bits", "16", "--pruner", "forcing-kv-history"]
+    args += ["-M", f"forcing-kv-history.profile={old}", "--out", str(tmp_path / "run2")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
 
@@ -116,9 +168,30 @@ USAGE_ERRORS = [
     (["quantize-eval", "--pruners", "none,snapkv"], "bad --pruners"),
     (["generate", "--pruner", "snapkv"], "--pruner must be"),
     (["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.profile=no.json"], "no.json"),
-    (["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.retention=2"], "retention"),
+    (
+        ["quantize-eval", "--pruners", "forcing-kv", "-M", "forcing-kv.sim_retention_ratio=2"],
+        "sim_retention_ratio",
+    ),
+    (["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.segments=8"], "segments"),
+    (["generate", "--pruner", "forcing-kv", "-M", "forcing-kv.num_frame_patch=6"], "divide"),
+    (
+        [
+            "quantize-eval",
+            "--pruners",
+            "forcing-kv-history",
+            "-M",
+            "forcing-kv-history.retention=2",
+        ],
+        "retention",
+    ),
     (["generate", "--pruner", "forcing-kv", "--ablation", "keys-only"], "--ablation"),
     (["profile-heads", "--threshold", "1.5"], "--threshold"),
+    (
+        ["profile-heads", "--anchor-frames", "2"],
+        "--anchor-frames does not go with --rule forcing-kv",
+    ),
+    (["profile-heads", "--rule", "local-mass", "--last-frames", "3"], "--last-frames does not go"),
+    (["profile-heads", "--rule", "snapkv"], "--rule must be"),
     (["generate", "-b", "2", "-q", "kivi", "--pruner", "forcing-kv", *SMALL], "cannot prune"),
 ]
 
@@ -175,11 +248,21 @@ def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):
     from jbkv_cli.commands.experiment import _prunable_specs
     from jbkv_cli.experiment import build_matrix
 
-    specs = build_matrix([2], ["rtn", "kivi"], ["none"], [32], pruners=["none", "forcing-kv"])
+    pruners = ["none", "forcing-kv", "forcing-kv-history"]
+    specs = build_matrix([2], ["rtn", "kivi"], ["none"], [32], pruners=pruners)
     model = SimpleNamespace(name="tiny", settings={"head_dim": 64})
     kept = {s.variant_id for s in _prunable_specs(model, specs)}
-    assert kept == {"reference", "fkv", "int2-rtn-g32", "int2-kivi-g32", "int2-rtn-g32-fkv"}
-    assert "int2-kivi-g32-fkv" in capsys.readouterr().err
+    assert kept == {
+        "reference",
+        "forcingkv",
+        "fkv",
+        "int2-rtn-g32",
+        "int2-kivi-g32",
+        "int2-rtn-g32-forcingkv",
+        "int2-rtn-g32-fkv",
+    }
+    err = capsys.readouterr().err
+    assert "2 pruned variant(s) are left out" in err and "int2-kivi-g32-forcingkv" in err
 
 
 def test_usage_errors_exit_2_with_one_line_and_create_nothing(tmp_path):

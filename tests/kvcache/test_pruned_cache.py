@@ -1,4 +1,5 @@
-"""The cache with a pruner: per-head kept tokens, masked reads, bytes of what is kept."""
+"""The cache with a pruner: per-head kept tokens, masked reads, bytes of what is kept (the
+mechanics with forcing-kv-history's layer state; forcing-kv's own at the end)."""
 
 import pytest
 import torch
@@ -6,7 +7,10 @@ import torch
 from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.kvcache.pruned import check_prunable, take_tokens
-from jbkv_cli.prune import ForcingKV, ForcingKVLayer
+from jbkv_cli.prune import ForcingKV, ForcingKVHistory
+from jbkv_cli.prune import ForcingKVHistoryLayer as ForcingKVLayer
+from jbkv_cli.prune.forcing_kv import Budget, SharedSelection
+from jbkv_cli.prune.forcing_kv import ForcingKVLayer as FaithfulLayer
 from jbkv_cli.quant import build_method
 
 T, D, F = 8, 64, 2  # tokens per frame, head dim, frames per chunk
@@ -33,9 +37,9 @@ def test_pruning_that_keeps_everything_equals_no_pruning_bit_for_bit(method):
     spec_kw = {"correction": "taylor"} if method else {}
     plain_spec = KVSpec.build(method, 2, **spec_kw) if method else KVSpec()
     pruned_spec = (
-        KVSpec.build(method, 2, pruner=ForcingKV(), **spec_kw)
+        KVSpec.build(method, 2, pruner=ForcingKVHistory(), **spec_kw)
         if method
-        else KVSpec(pruner=ForcingKV())
+        else KVSpec(pruner=ForcingKVHistory())
     )
     plain = ChunkKVCache(plain_spec, window=2)
     pruned = _cache(pruned_spec, kinds=("dynamic", "dynamic"), retention=1.0)
@@ -50,7 +54,7 @@ def test_pruning_that_keeps_everything_equals_no_pruning_bit_for_bit(method):
 
 
 def test_kept_tokens_follow_the_rules_and_nbytes_counts_only_them():
-    cache = _cache(KVSpec(pruner=ForcingKV()))
+    cache = _cache(KVSpec(pruner=ForcingKVHistory()))
     cache.commit(*_chunk(0))
     valid = cache.read().valid[0]
     # static: the anchor frame only; dynamic: 1 of 4 segments of frame 0 + the anchor
@@ -67,7 +71,7 @@ def test_kept_tokens_follow_the_rules_and_nbytes_counts_only_them():
 
 
 def test_anchor_tokens_leave_without_requantizing_the_survivors():
-    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKV()))
+    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKVHistory()))
     cache.commit(*_chunk(0))
     before = cache.read()
     held = cache.nbytes
@@ -86,7 +90,7 @@ def test_anchor_tokens_leave_without_requantizing_the_survivors():
 
 def test_prune_then_quantize_what_is_kept():
     k, v = _chunk(3)
-    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKV()))
+    cache = _cache(KVSpec.build("rtn", 2, pruner=ForcingKVHistory()))
     cache.commit(k, v)
     view = cache.read()
     rtn = build_method("rtn", 2)
@@ -100,7 +104,7 @@ def test_prune_then_quantize_what_is_kept():
 
 
 def test_eviction_and_sinks():
-    spec = KVSpec.build("rtn", 2, sink_chunks=1, pruner=ForcingKV())
+    spec = KVSpec.build("rtn", 2, sink_chunks=1, pruner=ForcingKVHistory())
     cache = _cache(spec, window=1)
     for i in range(3):
         cache.commit(*_chunk(i))
@@ -114,7 +118,7 @@ def test_eviction_and_sinks():
 
 def test_observer_sees_the_mass_pruning_moves():
     rec = AttentionRecorder(every=1)
-    cache = _cache(KVSpec(pruner=ForcingKV()), observer=rec)
+    cache = _cache(KVSpec(pruner=ForcingKVHistory()), observer=rec)
     for i in range(2):
         cache.commit(*_chunk(i))
         _attend(cache, seed=i)
@@ -125,7 +129,7 @@ def test_observer_sees_the_mass_pruning_moves():
 
 def test_spec_and_pruning_state_go_together():
     with pytest.raises(ValueError, match="pruning state"):
-        ChunkKVCache(KVSpec(pruner=ForcingKV()))
+        ChunkKVCache(KVSpec(pruner=ForcingKVHistory()))
     with pytest.raises(ValueError, match="pruning state"):
         _cache(KVSpec())
 
@@ -146,7 +150,7 @@ def test_signed_correction_reads_the_same_noise_model_through_pruned_lanes():
     """Keep-everything pruning: TurboQuant-MSE (per-token codes) reads exactly what the unpruned
     cache reads, unshrink and noise variance included; QVG lanes carry their measured κ."""
     plain = ChunkKVCache(KVSpec.build("turboquant-mse", 2, correction="signed"), window=2)
-    spec = KVSpec.build("turboquant-mse", 2, correction="signed", pruner=ForcingKV())
+    spec = KVSpec.build("turboquant-mse", 2, correction="signed", pruner=ForcingKVHistory())
     pruned = _cache(spec, kinds=("dynamic", "dynamic"), retention=1.0)
     for i in range(3):
         plain.commit(*_chunk(i))
@@ -155,8 +159,45 @@ def test_signed_correction_reads_the_same_noise_model_through_pruned_lanes():
     assert torch.equal(a.k, b.k) and torch.equal(a.k_step2, b.k_step2)
     assert torch.equal(a.k_unshrink, b.k_unshrink) and float(a.k_unshrink.min()) > 1
     assert torch.equal(_attend(plain), _attend(pruned))
-    qvg = _cache(KVSpec.build("qvg", 2, correction="signed", pruner=ForcingKV()))
+    qvg = _cache(KVSpec.build("qvg", 2, correction="signed", pruner=ForcingKVHistory()))
     qvg.commit(*_chunk(0))
     view = qvg.read()
     assert view.k_step2 is not None and view.k_step2.shape == view.k_step.shape
     assert _attend(qvg).isfinite().all()
+
+
+def _faithful(spec):
+    """Two layers of forcing-kv: layer 0 unsplit, layer 1 (static, dynamic) decides."""
+    budget = Budget(T, 1, 1, 1, None, 4, 0.33, 1)  # 4 patches of 2 tokens per frame
+    shared = SharedSelection()
+    kinds = ("static", "dynamic")
+    return [
+        ChunkKVCache(spec, None, pruning=FaithfulLayer(i, kinds, budget, shared, i == 1))
+        for i in range(2)
+    ]
+
+
+def test_forcing_kv_keeps_the_same_tokens_at_16_and_2_bits_and_never_requantizes():
+    """Decisions come from the exact keys; the buffer's survivors of an older frame keep the
+    codes they were stored with."""
+    runs = {}
+    specs = {"fp": KVSpec(pruner=ForcingKV()), "int2": KVSpec.build("rtn", 2, pruner=ForcingKV())}
+    for name, spec in specs.items():
+        caches = _faithful(spec)
+        views = []
+        for i in range(4):  # 2-frame chunks: frames 2i, 2i + 1
+            for cache in caches:
+                cache.commit(*_chunk(i))
+            views.append(caches[1].read())
+        runs[name] = views
+    for fp, int2 in zip(runs["fp"], runs["int2"], strict=True):
+        assert torch.equal(fp.valid, int2.valid)
+    # after chunk 2, the dynamic head keeps patches of frame 3 (chunk 1) picked at chunk 2 ...
+    before, after = runs["int2"][2], runs["int2"][3]
+    kept_then = before.valid[0, 1, F * T : 2 * F * T]
+    assert kept_then.any()
+    # ... and at chunk 3 the buffer is refilled from frames 5, 6 (chunks 2, 3): chunk 1 is gone
+    assert not after.valid[0, :, F * T : 2 * F * T].any()
+    survivors = after.valid[0, 1, 2 * F * T : 3 * F * T] & before.valid[0, 1, 2 * F * T :]
+    got = after.k[0, 1, 2 * F * T : 3 * F * T][survivors]
+    assert torch.equal(got, before.k[0, 1, 2 * F * T :][survivors])

@@ -40,7 +40,8 @@ def plain_cache():
 def plain_layer_caches():
     """A stand-in for :func:`jbkv_cli.kvcache.layer_caches` that builds :class:`PlainCache`s."""
 
-    def build(spec, window, *, model, layers, kv_heads, frame_tokens, observer=None):
+    def build(spec, window, *, model, layers, kv_heads, frame_tokens, observer=None, rope=None):
+        assert rope is None, "PlainCache holds post-RoPE keys"
         return [PlainCache(spec, window) for _ in range(layers)]
 
     return build

@@ -54,6 +54,8 @@ def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
     args += ["--prompt", "a red circle moves right on a dark background", "--out", "o"]
     env = {k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"}
     r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    assert r.returncode == 1, r.stderr
-    assert r.stderr.splitlines() == ["error: steps must be >= 1, got 0"]
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "error: self-forcing: steps must be an integer in 1..1000, got '0'"
+    ]
     assert list(tmp_path.iterdir()) == []

@@ -1,9 +1,11 @@
 """Weights files: pickles refused without being loaded, damaged files and missing tensors as one
-line (jbkv_cli/models/safetensors_io.py, through the tiny model's loader)."""
+line, only regular files read (jbkv_cli/models/safetensors_io.py, through the tiny model's
+loader)."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import pytest
@@ -66,3 +68,32 @@ def test_no_config_metadata_is_one_line(tmp_path):
     with pytest.raises(JbkvError) as exc:
         load_weights(path)
     assert "no valid tiny-model config" in _one_line(exc)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_only_regular_files_are_read(tmp_path, kind):
+    """A FIFO would block the read forever and /dev/zero never ends: both are refused by what
+    they are (as a directory is), never reported as missing weights."""
+    from jbkv_cli.models.safetensors_io import open_safetensors
+
+    path = tmp_path / "w.safetensors"
+    if kind == "fifo":
+        os.mkfifo(path)
+        want = "a FIFO"
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+        want = "a character device: /dev/zero"
+    else:
+        path.mkdir()
+        want = "a directory"
+    with pytest.raises(JbkvError) as exc:
+        load_weights(path)
+    assert f"{path} is not a regular file ({want})" in _one_line(exc)
+    assert "not found" not in str(exc.value)
+    with pytest.raises(JbkvError, match="is not a regular file"), open_safetensors(path):
+        pass  # the reader itself refuses it too
+
+
+def test_missing_weights_still_say_how_to_make_them(tmp_path):
+    with pytest.raises(JbkvError, match=r"not found .* train them"):
+        load_weights(tmp_path / "missing.safetensors")

@@ -304,7 +304,7 @@ def test_registry_builds_the_tiny_model():
         ({"window": 0}, "window"),
         ({"num_chunks": 20}, "rotary table"),
         ({"weights": "/x"}, "tiny-random builds random weights"),
-        ({"dtype": "int8"}, "unknown dtype"),
+        ({"dtype": "int8"}, "dtype must be one of"),
     ],
 )
 def test_bad_options_fail_with_a_message(options, message):
@@ -380,7 +380,7 @@ def test_malformed_weights_fail_with_a_message(saved_tiny, tmp_path):
 def test_forcing_kv_static_anchors_of_one_chunk_equal_a_window_of_one_chunk(
     tiny_model, head_profile
 ):
-    from jbkv_cli.prune import ForcingKV
+    from jbkv_cli.prune import ForcingKVHistory
 
     layout = tiny_model.head_layout()
     assert layout == {
@@ -389,7 +389,7 @@ def test_forcing_kv_static_anchors_of_one_chunk_equal_a_window_of_one_chunk(
         "frame_tokens": 4,
     }
     profile = head_profile("skyreels-v2", layout, "static", K)
-    spec = KVSpec(pruner=ForcingKV(profile=profile, segments=2))
+    spec = KVSpec(pruner=ForcingKVHistory(profile=profile, segments=2))
     got, info = tiny_model.generate_latents("a red ball", 3, spec)
     windowed = sky.load_model(config="tiny-random", device="cpu", window=1)
     want, _ = windowed.generate_latents("a red ball", 3, FULL_PRECISION)

@@ -209,7 +209,7 @@ def test_score_noise_of_real_rounding_against_the_correction(bits, tau, var_band
     """
     x = mixture(seed=0)
     q = torch.randn(1, 1, 256, 64, generator=torch.Generator().manual_seed(10))
-    qt = QVG(bits, 32).quantize(x)
+    qt = QVG(bits, 32, tokens_per_centroid=64).quantize(x)  # K_eff = 64, as calibrated
     delta = tau * (q[0, 0] @ (qt.dequantize() - x)[0, 0].T)  # [queries, keys]
     b = taylor_bias(q, qt.step, tau)[0, 0]
     assert 0.04 < float(b.mean()) < 0.12  # a bias worth correcting
@@ -240,7 +240,11 @@ def test_ids_labels_and_round_trip():
         "centroids": 128,
         "iters": 2,
         "seed": 0,
-        "tokens_per_centroid": 64,
+        "tokens_per_centroid": None,
+        "span_chunks": None,
+        "keep_recent_chunks": None,
+        "sink_keep_chunks": None,
+        "layout": None,
     }
     for s in (spec, KVSpec.build("qvg", 4, 32, "none"), KVSpec(odd, QVG(2), "taylor")):
         assert KVSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s

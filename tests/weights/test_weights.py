@@ -90,16 +90,29 @@ def test_select_groups_names_and_unknown():
         ({"group": "other"}, "group must be one of"),
         ({"root": "nowhere"}, "root must be one of"),
         ({"url": "ftp://x/y"}, "url must be"),
-        ({"path": "../../etc/passwd"}, "inside their root"),
+        ({"path": "../../etc/passwd"}, "inside its root"),
         ({"surprise": 1}, "unknown field"),
+        # item 2 of issue 22: absolute paths wrote outside every cache root
+        ({"path": "/tmp/jbkv-escape/blob.pth"}, r"\(blob\): '/tmp/jbkv-escape/blob.pth' must be"),
+        ({"path": "checkpoints/../../x.pth"}, "inside its root"),
+        ({"path": ""}, "a file's path must name the file"),
+        ({"unpack": "zip", "path": "", "provides": ["/etc/passwd"]}, "'/etc/passwd' must be"),
+        ({"unpack": "zip", "path": "own", "provides": ["other/x"]}, "inside its folder 'own'"),
+        ({"unpack": "zip", "path": "", "provides": ["."]}, "not the root"),
+        ({"name": "../x"}, "name '../x' must be"),
+        ({"mirror_name": "../../x.pth"}, "a single file name"),
+        ({"path": 5}, "wrong type for path"),
+        ({"provides": "abc"}, "wrong type for provides"),
+        ({"size": True}, "wrong type for size"),
     ],
 )
 def test_bad_manifest_is_one_line_error(tmp_path, change, message):
     item = {**_entry("http://127.0.0.1:9/blob.pth").__dict__, "provides": [], **change}
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"files": [item]}))
-    with pytest.raises(JbkvError, match=message):
+    with pytest.raises(JbkvError, match=message) as exc:
         load_manifest(path)
+    assert "\n" not in str(exc.value)
 
 
 def test_mirror_must_be_a_url(monkeypatch):
@@ -249,8 +262,11 @@ def test_zip_that_does_not_provide_what_it_should_is_an_error(tmp_path, local_se
         unpack="zip",
         provides=("x/wanted.pth",),
     )
-    with pytest.raises(JbkvError, match="did not provide"):
-        fetch_entry(entry, _roots(tmp_path))
+    roots = _roots(tmp_path)
+    with pytest.raises(JbkvError, match=r"does not provide x/wanted\.pth"):
+        fetch_entry(entry, roots)
+    hub = roots["torch_hub"]
+    assert sorted(p.name for p in hub.iterdir()) == []  # no folder, no .part, no staging
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -270,3 +286,133 @@ def test_status_states(tmp_path):
     assert entry_status(entry, roots).detail == "verified (sha256)"
     unpinned = _entry("http://127.0.0.1:9/blob.pth", sha256=None)
     assert entry_status(unpinned, roots).detail == "unverified: nothing pinned"
+
+
+# --- archives create only their declared items (issue 22, item 1) -------------------------------
+
+
+def _repo_zip(www: Path, files: dict[str, str], name: str = "repo-main.zip") -> WeightEntry:
+    """A torch.hub-style branch archive (one top folder, stripped) and its entry."""
+    with zipfile.ZipFile(www / name, "w") as zf:
+        for rel, text in files.items():
+            zf.writestr(f"repo-main/{rel}", text)
+    return _entry(
+        f"http://127.0.0.1:9/{name}",
+        sha256=None,
+        path="owner_repo_main",
+        unpack="zip",
+        strip_components=1,
+        provides=("owner_repo_main/hubconf.py",),
+    )
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".jbkv-unpack-"))
+
+
+def test_a_repository_folder_is_replaced_whole_when_jbkv_unpacked_it(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": "v = 1\n", "old.py": ""})
+    mirror = local_server.url
+    dest = fetch_entry(entry, roots, mirror=mirror)
+    assert sorted(p.name for p in dest.iterdir()) == ["hubconf.py", "old.py"]
+    _repo_zip(local_server.root, {"hubconf.py": "v = 2\n"})
+    fetch_entry(entry, roots, mirror=mirror)  # what --force does
+    assert sorted(p.name for p in dest.iterdir()) == ["hubconf.py"]
+    assert (dest / "hubconf.py").read_text() == "v = 2\n"
+    assert _leftovers(roots["torch_hub"]) == []
+
+
+def test_a_folder_jbkv_did_not_unpack_is_never_replaced(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": ""})
+    theirs = entry.destination(roots)
+    theirs.mkdir(parents=True)
+    (theirs / "work.py").write_text("do not lose me\n")
+    with pytest.raises(JbkvError, match="jbkv did not unpack it there") as exc:
+        fetch_entry(entry, roots, mirror=local_server.url)
+    assert "\n" not in str(exc.value)
+    assert [p.name for p in theirs.iterdir()] == ["work.py"]
+    assert local_server.requests == []  # refused before downloading anything
+
+
+def test_a_damaged_record_only_makes_jbkv_refuse_more(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": ""})
+    fetch_entry(entry, roots, mirror=local_server.url)
+    entry.record_path(roots).write_text("{not json")
+    with pytest.raises(JbkvError, match="jbkv did not unpack it there"):
+        fetch_entry(entry, roots, mirror=local_server.url)
+    assert (entry.destination(roots) / "hubconf.py").is_file()
+
+
+@pytest.mark.parametrize(
+    ("member", "message"),
+    [("../evil.py", "unsafe member"), ("/abs/evil.py", "unsafe member")],
+)
+def test_unsafe_members_refuse_the_whole_archive(tmp_path, local_server, member, message):
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": ""})
+    with zipfile.ZipFile(local_server.root / "repo-main.zip", "a") as zf:
+        zf.writestr(member, "boom")
+    with pytest.raises(JbkvError, match=message):
+        fetch_entry(entry, roots, mirror=local_server.url)
+    hub = roots["torch_hub"]
+    assert sorted(p.name for p in hub.iterdir()) == []  # no folder, no staging, no .part
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_a_broken_archive_is_one_line_and_leaves_nothing(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": ""})
+    (local_server.root / "repo-main.zip").write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(JbkvError, match=r"cannot unpack .*not a readable zip archive") as exc:
+        fetch_entry(entry, roots, mirror=local_server.url)
+    assert "\n" not in str(exc.value)
+    assert sorted(p.name for p in roots["torch_hub"].iterdir()) == []
+
+
+def test_ctrl_c_while_unpacking_moves_nothing_and_leaves_no_temp_folder(
+    tmp_path, local_server, monkeypatch
+):
+    from jbkv_cli.weights import unpack
+
+    roots = _roots(tmp_path)
+    entry = _repo_zip(local_server.root, {"hubconf.py": "", "a.py": "", "b.py": ""})
+    real = unpack._write_member
+    calls = []
+
+    def interrupted(*args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(unpack, "_write_member", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fetch_entry(entry, roots, mirror=local_server.url)
+    hub = roots["torch_hub"]
+    assert _leftovers(hub) == [] and not entry.destination(roots).exists()
+    assert not entry.record_path(roots).exists()
+
+
+def test_members_outside_the_declared_items_are_ignored_with_a_warning(tmp_path, local_server):
+    roots = _roots(tmp_path)
+    with zipfile.ZipFile(local_server.root / "blob.zip", "w") as zf:
+        zf.writestr("weights.pth", "w")
+        zf.writestr("huggingface/README", "x")
+        zf.writestr(".bashrc", "x")
+    entry = _entry(
+        f"{local_server.url}/blob.zip",
+        sha256=None,
+        root="home_cache",
+        path="",
+        unpack="zip",
+        provides=("weights.pth",),
+    )
+    assert [p.name for p in entry.items(roots)] == ["weights.pth"]
+    warnings: list[str] = []
+    fetch_entry(entry, roots, warn=warnings.append)
+    home = roots["home_cache"]
+    assert sorted(p.name for p in home.iterdir()) == [".jbkv-blob.unpacked.json", "weights.pth"]
+    assert len(warnings) == 1 and "ignored 2 archive member(s)" in warnings[0]

@@ -19,12 +19,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fields import Spec, parse_options
+from jbkv_cli.jsonio import read_json
+from jbkv_cli.models import limits
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.magi1.checkpoint import load_strict, locate, read_state_dict
 from jbkv_cli.models.magi1.config import DEFAULT_VARIANT, TINY_VARIANT, VARIANTS, VAEConfig
@@ -37,23 +39,23 @@ from jbkv_cli.models.magi1.vae import ViTVAE
 
 __all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "load_model"]
 
-OPTIONS = (
-    "config",
-    "weights",
-    "steps",
-    "height",
-    "width",
-    "num_chunks",
-    "window",
-    "kv_range",
-    "device",
-    "dtype",
-    "attention_backend",
-    "offload",
-    "nearly_clean_refine",
-    "special_tokens",
-    "seed",
-)
+OPTIONS: dict[str, Spec] = {
+    "config": Spec("str", choices=(*VARIANTS, TINY_VARIANT.name)),
+    "weights": limits.PATH,
+    "steps": limits.STEPS,
+    "height": limits.SIDE,
+    "width": limits.SIDE,
+    "num_chunks": limits.CHUNKS,
+    "window": Spec("int", lo=1, hi=limits.MAX_CHUNKS),
+    "kv_range": Spec("ints", lo=1, hi=limits.MAX_CHUNKS),
+    "device": limits.DEVICE,
+    "dtype": limits.DTYPE,
+    "attention_backend": Spec("str", choices=("fused", "flex", "reference")),
+    "offload": limits.FLAG,
+    "nearly_clean_refine": limits.FLAG,
+    "special_tokens": limits.PATH,
+    "seed": limits.SEED,
+}
 
 
 def _kv_range(value: Any) -> tuple[int, ...] | None:
@@ -64,16 +66,16 @@ def _kv_range(value: Any) -> tuple[int, ...] | None:
     try:
         out = tuple(int(v) for v in value)
     except (TypeError, ValueError) as e:
-        raise JbkvError(f"kv_range must be chunk counts like 5,4,3,2, got {value!r}") from e
+        raise UsageError(f"kv_range must be chunk counts like 5,4,3,2, got {value!r}") from e
     if not out or min(out) < 1:
-        raise JbkvError(f"kv_range must be positive chunk counts, got {value!r}")
+        raise UsageError(f"kv_range must be positive chunk counts, got {value!r}")
     return out
 
 
 def _device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[str, torch.dtype]:
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and not torch.cuda.is_available():
-        raise JbkvError(f"device {dev!r} requested but CUDA is not available")
+        raise UsageError(f"device {dev!r} requested but CUDA is not available")
     if dtype is None:
         dt = torch.bfloat16 if dev.startswith("cuda") else torch.float32
     else:
@@ -90,11 +92,9 @@ def _prepare(module: torch.nn.Module, device: str, dtype: torch.dtype, offload: 
 
 
 def _resolved(options: dict[str, Any]) -> tuple[Any, GenerationSettings, dict[str, Any]]:
-    """``(variant, settings, options without None)`` from checked options."""
-    unknown = sorted(k for k, v in options.items() if k not in OPTIONS and v is not None)
-    if unknown:
-        raise JbkvError(f"unknown MAGI-1 option(s) {unknown}; known: {', '.join(OPTIONS)}")
-    opt = {k: v for k, v in options.items() if v is not None}
+    """``(variant, settings, options without None)`` from the options, each parsed by its
+    declared type and bounds (:data:`OPTIONS`) first."""
+    opt = parse_options(OPTIONS, options, "magi1", sep=": ", error=UsageError)
     name = str(opt.get("config", DEFAULT_VARIANT))
     if name == TINY_VARIANT.name:
         variant = TINY_VARIANT
@@ -102,7 +102,7 @@ def _resolved(options: dict[str, Any]) -> tuple[Any, GenerationSettings, dict[st
         variant = VARIANTS[name]
     else:
         known = ", ".join([*VARIANTS, TINY_VARIANT.name])
-        raise JbkvError(f"unknown MAGI-1 config {name!r}; choose one of: {known}")
+        raise UsageError(f"unknown MAGI-1 config {name!r}; choose one of: {known}")
     variant = with_schedule_overrides(variant, opt.get("steps"), _kv_range(opt.get("kv_range")))
     sched = variant.schedule
     device, dtype = _device_dtype(opt.get("device"), opt.get("dtype"))
@@ -110,18 +110,18 @@ def _resolved(options: dict[str, Any]) -> tuple[Any, GenerationSettings, dict[st
     width = int(opt.get("width", variant.default_width))
     mult = sched.spatial_downsample_factor * variant.dit.patch_size
     if height % mult or width % mult or height <= 0 or width <= 0:
-        raise JbkvError(
+        raise UsageError(
             f"MAGI-1 video size must be a positive multiple of {mult}, got {height}x{width}"
         )
     num_chunks = int(opt.get("num_chunks", variant.default_num_chunks))
     if num_chunks < 1:
-        raise JbkvError(f"num_chunks must be >= 1, got {num_chunks}")
+        raise UsageError(f"num_chunks must be >= 1, got {num_chunks}")
     window = int(opt.get("window", required_window(num_chunks, sched)))
     if window < 1:
-        raise JbkvError(f"window must be >= 1 chunk, got {window}")
+        raise UsageError(f"window must be >= 1 chunk, got {window}")
     backend = opt.get("attention_backend")
     if backend is not None and backend not in ("fused", "flex", "reference"):
-        raise JbkvError(f"attention_backend must be fused, flex or reference, got {backend!r}")
+        raise UsageError(f"attention_backend must be fused, flex or reference, got {backend!r}")
     offload = bool(opt.get("offload", device.startswith("cuda")))
     settings = GenerationSettings(
         height=height,
@@ -173,7 +173,9 @@ def load_vae(directory, device: str = "cpu", dtype: torch.dtype = torch.float32)
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    raw = json.loads((directory / "config.json").read_text())
+    raw = read_json(directory / "config.json", "MAGI-1 VAE config", finite=False)
+    if not isinstance(raw, dict):
+        raise JbkvError(f"{directory / 'config.json'} is not a JSON object")
     if raw.get("model_type", "vit") != "vit":
         raise JbkvError(f"unsupported MAGI-1 VAE model_type {raw.get('model_type')!r}")
     cfg = VAEConfig.from_dict(raw.get("ddconfig", raw))

@@ -14,7 +14,6 @@ A root that holds ``magi/``, ``t5/`` and ``vae/`` directly (no ``ckpt/``) works 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.safetensors_io import check_state_dict as check_keys
 from jbkv_cli.models.safetensors_io import open_safetensors
@@ -113,7 +113,12 @@ def shard_files(directory: Path) -> dict[str, Path]:
     """``{parameter name: file}`` from the index json, or every key of ``model.safetensors``."""
     index = directory / INDEX
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        doc = read_json(index, "checkpoint index", finite=False)  # a regular file, <= 64 MiB
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()
+        ):
+            raise WeightsNotFoundError(f"{index} has no 'weight_map' of parameter -> file")
         files = {name: directory / f for name, f in weight_map.items()}
         for f in set(files.values()):
             if not f.is_file():

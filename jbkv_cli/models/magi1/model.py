@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.magi1.config import Magi1Variant
@@ -255,5 +255,5 @@ def with_schedule_overrides(
     try:
         validate(sched)
     except ValueError as e:
-        raise JbkvError(f"MAGI-1 schedule: {e}") from e
+        raise UsageError(f"MAGI-1 schedule: {e}") from e
     return replace(variant, schedule=sched)

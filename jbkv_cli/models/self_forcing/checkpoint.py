@@ -6,7 +6,10 @@ parameter names of upstream's ``CausalWanModel`` under the wrapper's ``model.`` 
 copies may carry FSDP's ``_fsdp_wrapped_module.`` inside names). jbkv never runs pickle code:
 ``.pt`` files are read with ``torch.load(weights_only=True)`` (memory-mapped where the file
 allows), and a pickle that needs anything beyond tensors and containers is refused with one
-line. ``jbkv convert-checkpoint`` writes the chosen state dict once as safetensors.
+line naming the class it wanted (``posix.system``); a pickle that the restricted unpickler
+accepts but cannot build (``OrderedDict(5)``) is one line naming the file. Only regular files
+are read. ``jbkv convert-checkpoint`` writes the chosen state dict once as safetensors, through
+the atomic writer (never onto its own input, nor over a file it did not write).
 
 LongLive's ``lora.pt`` is a PEFT LoRA state dict (``base_model.model.<module>.lora_A.weight``
 ``[r, in]`` and ``lora_B.weight`` ``[out, r]``, on every Linear of every attention block, rank
@@ -31,16 +34,20 @@ norm2 (FFN, no affine); diffusers orders them norm1, norm2, norm3):
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.atomic import atomic_path, remove_stale_temps_of
+from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.models.diffusers_wan import first_line
-from jbkv_cli.models.safetensors_io import open_safetensors
+from jbkv_cli.models.safetensors_io import not_regular, open_safetensors
+from jbkv_cli.outputs import check_output_file
 
 STATE_KEYS = ("generator_ema", "generator", "model")
 WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
@@ -129,6 +136,9 @@ def read_tensors(path: Path) -> object:
     if path.suffix == ".safetensors":
         with open_safetensors(path) as handle:
             return {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    problem = not_regular(path)
+    if problem is not None:
+        raise JbkvError(f"checkpoint {problem}")
     try:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -137,21 +147,41 @@ def read_tensors(path: Path) -> object:
                 raise
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = _unpickler_reason(exc)
-        if "Unsupported global" in reason:
+        wanted = _blocked_global(exc)
+        if wanted is not None:
             raise JbkvError(
-                f"{path} needs pickle code to load ({reason}); jbkv reads checkpoints with "
-                "torch.load(weights_only=True) and never runs it"
+                f"{path} needs pickle code to load (it asks for {wanted}); jbkv reads "
+                "checkpoints with torch.load(weights_only=True) and never runs it"
             ) from exc
-        raise JbkvError(f"cannot read checkpoint {path}: {reason}") from exc
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise JbkvError(f"cannot read checkpoint {path}: {first_line(exc)}") from exc
+        raise JbkvError(f"cannot read checkpoint {path}: {_unpickler_reason(exc)}") from exc
+    except OSError as exc:
+        raise JbkvError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # an allowed global fed bad arguments: any type
+        raise JbkvError(
+            f"cannot read checkpoint {path}: {type(exc).__name__}: {first_line(exc)}"
+        ) from exc
+
+
+_GLOBAL = re.compile(r"GLOBAL\s+([A-Za-z_][\w.]*)")
+
+
+def _blocked_global(exc: BaseException) -> str | None:
+    """The ``module.name`` a weights-only load refused (``posix.system``), if that is why."""
+    match = _GLOBAL.search(str(exc))
+    return match.group(1) if match else None
 
 
 def _unpickler_reason(exc: BaseException) -> str:
-    """The useful sentence of torch's weights-only error (what the unpickler refused)."""
-    text = str(exc).split("WeightsUnpickler error:", 1)[-1].strip()
-    return text.split("\n")[0].split(". ")[0].strip() or first_line(exc)
+    """The useful sentence of torch's weights-only error (what the unpickler refused): its
+    first line that is not the generic advice around it."""
+    text = str(exc).split("WeightsUnpickler error:", 1)[-1]
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("Weights only load failed", "Check the documentation")):
+            return " ".join(line.split())[:200]
+    return first_line(exc)
 
 
 def _tensor_dict(obj: object) -> bool:
@@ -232,15 +262,67 @@ def merge_lora(
 # --------------------------------------------------------------------------- converting
 
 
+def check_conversion(src: Path, dst: Path) -> None:
+    """Refuse, before anything is read or written, a conversion that could destroy a file:
+    ``dst`` that is ``src`` itself (the same path, a symlink to it, a hard link of it), ``dst``
+    that is not a file, or an existing ``dst`` that ``convert-checkpoint`` did not write."""
+    problem = not_regular(src)
+    if problem is not None:
+        raise UsageError(f"checkpoint {problem}")
+    if not src.is_file():
+        raise UsageError(f"no checkpoint file {src}")
+    if dst.suffix != ".safetensors":
+        raise UsageError(f"{dst}: the converted file must end in .safetensors")
+    if dst.resolve() == src.resolve() or (dst.exists() and os.path.samefile(src, dst)):
+        raise UsageError(
+            f"{dst} is the checkpoint being converted ({src}); give another DST"
+            + (" (SRC is already .safetensors)" if src.suffix == ".safetensors" else "")
+        )
+    problem = not_regular(dst)
+    if problem is not None:
+        raise UsageError(f"cannot write the converted checkpoint: {problem}")
+    if dst.exists() and not _written_by_convert(dst):
+        raise UsageError(
+            f"{dst} exists and was not written by convert-checkpoint; jbkv does not overwrite "
+            "it: remove it or give another DST"
+        )
+    check_output_file(dst, "converted checkpoint")  # writable, and not a file of a run folder
+
+
+def _written_by_convert(path: Path) -> bool:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            return (handle.metadata() or {}).get("jbkv") == "convert-checkpoint"
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
 def convert_checkpoint(src: Path, dst: Path, ema: bool = True, lora: bool = False) -> int:
     """Write the generator (or, with ``lora``, the LoRA) state dict of ``src`` to the safetensors
-    file ``dst`` with upstream names, wrapper prefixes stripped; returns the number of tensors."""
-    if dst.suffix != ".safetensors":
-        raise JbkvError(f"{dst}: the converted file must end in .safetensors")
+    file ``dst`` with upstream names, wrapper prefixes stripped; returns the number of tensors.
+
+    Checked first (:func:`check_conversion`); written through :func:`atomic_path`, so ``dst`` is
+    complete or untouched, an interrupted write leaves no temp file (one a killed process left
+    is removed by the next conversion to ``dst``), and the file follows the umask. A failed
+    write (a full disk) is one line naming ``dst``.
+    """
+    check_conversion(src, dst)
     state = read_lora(src) if lora else read_generator(src, ema)
     tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"source": src.name, "jbkv": "convert-checkpoint"})
-    tmp.replace(dst)
+    remove_stale_temps_of(dst)
+    metadata = {"source": src.name, "jbkv": "convert-checkpoint"}
+    try:
+        with atomic_path(dst) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
+    except (SafetensorError, OSError) as exc:
+        raise JbkvError(f"cannot write {dst}: {_write_reason(exc)}") from exc
     return len(tensors)
+
+
+def _write_reason(exc: BaseException) -> str:
+    """``No space left on device`` from safetensors' ``Error while serializing: I/O error: No
+    space left on device (os error 28)`` (or an OSError's own text)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = first_line(exc).removeprefix("Error while serializing: ").removeprefix("I/O error: ")
+    return re.sub(r"\s*\(os error \d+\)$", "", text)[:200]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.errors import WeightsNotFoundError
+from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.diffusers_wan import (
     TINY_MAX_SEQUENCE_LENGTH,
     WEIGHTS,
@@ -43,7 +43,7 @@ from jbkv_cli.models.diffusers_wan import (
     tiny_parts,
     transformer_config,
 )
-from jbkv_cli.models.safetensors_io import check_state_dict
+from jbkv_cli.models.safetensors_io import check_state_dict, not_regular
 from jbkv_cli.models.self_forcing.checkpoint import (
     merge_lora,
     read_generator,
@@ -155,6 +155,9 @@ def _file(option: str | None, root: Path | None, repo_id: str, rel: str, missing
             return None
         path = snapshot / rel
     path = _prefer_safetensors(path)
+    problem = not_regular(path)
+    if problem is not None:  # a FIFO, /dev/zero, a directory: not "missing", and never read
+        raise JbkvError(f"weights {problem}")
     if not path.is_file():
         missing.append(str(path))
         return None

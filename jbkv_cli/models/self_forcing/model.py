@@ -39,13 +39,16 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
+    WAN_OPTIONS,
     WanHeads,
     check_frame_size,
+    check_latent_frames,
     checked_options,
     chunk_video,
     chunks_for_frames,
@@ -77,7 +80,7 @@ def window_from_frames(local_attn_size: int, sink_size: int, chunk_frames: int) 
     """
     k = chunk_frames
     if local_attn_size % k or sink_size % k or local_attn_size - sink_size < k:
-        raise JbkvError(
+        raise UsageError(
             f"local_attn_size={local_attn_size} and sink_size={sink_size} frames are not whole "
             f"chunks of {k} frames with room for the current chunk"
         )
@@ -146,11 +149,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "tiny-random": _SELF_FORCING | dict(num_chunks=3, height=32, width=32),
 }
-OPTIONS = frozenset(
-    {"config", "weights", "base", "generator", "lora", "num_frames", "device", "dtype"}
-    | {"attention_backend", "init_seed", "local_attn_size", "sink_size"}
-    | set(_SELF_FORCING)
-)
+_FRAMES = Spec("int", lo=0, hi=4 * 1024)
+OPTIONS: dict[str, Spec] = {
+    "config": Spec("str", choices=tuple(PRESETS)),
+    **WAN_OPTIONS,
+    "base": WAN_OPTIONS["weights"],
+    "generator": WAN_OPTIONS["weights"],
+    "lora": WAN_OPTIONS["weights"],
+    "local_attn_size": _FRAMES,
+    "sink_size": _FRAMES,
+    "ema": Spec("bool"),
+    "lora_alpha": Spec("float", lo=0, lo_open=True, hi=1e6),
+    "window": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
+    "sink": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
+}
+assert set(_SELF_FORCING) <= set(OPTIONS)
 
 
 class SelfForcing(WanHeads):
@@ -206,21 +219,28 @@ class SelfForcing(WanHeads):
         )[0]
         return out.float()
 
-    def draw(self, generator: torch.Generator) -> torch.Tensor:
-        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        """``(1, C, k, h, w)``: one chunk's latents."""
         s = self.config
         spatial = vae_scale(self.components.vae)[1]
         channels = self.components.transformer.config.in_channels
-        shape = (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
-        return torch.randn(shape, generator=generator, dtype=torch.float32).to(s.device)
+        return (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
+
+    def draw(self, generator: torch.Generator) -> torch.Tensor:
+        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+        shape = self.chunk_shape
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.config.device)
 
     def cache_spec(self, kv: KVSpec) -> KVSpec:
-        """``kv`` with this model's attention sinks (``sink`` chunks), unless it sets its own."""
+        """``kv`` as this model runs it (:meth:`resolve_kv`), with its attention sinks
+        (``sink`` chunks) unless it sets its own."""
         sink = self.config.sink
         if kv.sink_chunks not in (0, sink):
             raise JbkvError(
                 f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {sink}"
             )
+        kv = self.resolve_kv(kv)
         return replace(kv, sink_chunks=sink) if sink else kv
 
     # ----------------------------------------------------------------------- the loop
@@ -234,21 +254,25 @@ class SelfForcing(WanHeads):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
         probe: Any = None,
+        layout: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents ``[1, C, F, h, w]`` and cache facts.
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is
-        told the chunk and denoising step before each forward (``None`` for the clean pass)."""
+        told the chunk and denoising step before each forward (``None`` for the clean pass).
+        ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method asks (None:
+        as the spec; QVG's default here is pre-RoPE, as upstream's Self-Forcing integration)."""
         s, schedule = self.config, self.schedule
         transformer = self.components.transformer
         text = self.encode_prompt(prompt)
         spec = self.cache_spec(kv)
+        generator = noise_generator(seed, prompt)
+        rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
         caches = layer_caches(
-            spec, s.window, model=self.name, observer=observer, **self.head_layout()
+            spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
         )
         layers = caches if probe is None else probe.wrap(caches)
-        context = ChunkContext(caches=layers, backend=s.attention_backend)
-        generator = noise_generator(seed, prompt)
+        context = ChunkContext(caches=layers, backend=s.attention_backend, key_rope=rope)
         chunks, peak, working = [], PeakBytes(), 0
         with torch.no_grad(), cached_self_attention(transformer, context):
             for c in range(s.num_chunks):
@@ -298,7 +322,8 @@ class SelfForcing(WanHeads):
             prompt, seed, kv, progress=progress, observer=observer
         )
         info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
-        return chunk_video(self.components, self.config, latents, kv.label, info | cache_info)
+        label = self.resolve_kv(kv).label
+        return chunk_video(self.components, self.config, latents, label, info | cache_info)
 
 
 # --------------------------------------------------------------------------- loading
@@ -312,12 +337,12 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     for name in ("steps", "chunk_frames", "num_chunks", "sink", "fps"):
         values[name] = int(values[name])
         if values[name] < (0 if name == "sink" else 1):
-            raise JbkvError(f"{name} must be >= {0 if name == 'sink' else 1}, got {values[name]}")
+            raise UsageError(f"{name} must be >= {0 if name == 'sink' else 1}, got {values[name]}")
     if ("local_attn_size" in options) != ("sink_size" in options):
-        raise JbkvError("give local_attn_size and sink_size together (frames, as upstream)")
+        raise UsageError("give local_attn_size and sink_size together (frames, as upstream)")
     if "local_attn_size" in options:
         if "window" in options or "sink" in options:
-            raise JbkvError("give either local_attn_size/sink_size (frames) or window/sink")
+            raise UsageError("give either local_attn_size/sink_size (frames) or window/sink")
         values["window"], values["sink"] = window_from_frames(
             int(options["local_attn_size"]), int(options["sink_size"]), values["chunk_frames"]
         )
@@ -328,10 +353,11 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     if values["window"] is not None:
         values["window"] = int(values["window"])
         if values["window"] < 0:
-            raise JbkvError(
+            raise UsageError(
                 f"window must be >= 0 chunks (or None: keep all), got {values['window']}"
             )
     check_frame_size(values)
+    check_latent_frames("self-forcing", config, values["chunk_frames"], values["num_chunks"])
     values["shift"] = float(values["shift"])
     values["ema"] = bool(values["ema"])
     if values["lora_alpha"] is not None:
@@ -356,11 +382,14 @@ def _resolved(
     options: dict[str, Any],
 ) -> tuple[dict[str, Any], SelfForcingSettings, WeightPaths | None]:
     """Checked options, settings and the located weight files (None for tiny-random)."""
-    options = checked_options("self-forcing", options, OPTIONS, PRESETS, "self-forcing-dmd")
+    options = parse_options(OPTIONS, options, "self-forcing", sep=": ", error=UsageError)
+    options = checked_options(
+        "self-forcing", options, frozenset(OPTIONS), PRESETS, "self-forcing-dmd"
+    )
     given = sorted({"weights", "base", "generator", "lora"} & set(options))
     if options["config"] == "tiny-random":
         if given:
-            raise JbkvError(f"config=tiny-random builds random weights; do not pass {given[0]}")
+            raise UsageError(f"config=tiny-random builds random weights; do not pass {given[0]}")
         return options, build_settings(options), None
     s = build_settings(options)
     paths = locate(s.config, s.weights, s.base, s.generator, s.lora)

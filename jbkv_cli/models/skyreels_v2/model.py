@@ -35,12 +35,15 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import (
+    WAN_OPTIONS,
     WanHeads,
     check_frame_size,
+    check_latent_frames,
     checked_options,
     chunk_video,
     chunks_for_frames,
@@ -119,10 +122,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         fps=24,
     ),
 }
-OPTIONS = frozenset(
-    {"config", "weights", "num_frames", "device", "dtype", "attention_backend", "init_seed"}
-    | set(PRESETS["df-1.3b-540p"])
-)
+OPTIONS: dict[str, Spec] = {
+    "config": Spec("str", choices=tuple(PRESETS)),
+    **WAN_OPTIONS,
+    "window": Spec("int", lo=1, hi=WAN_OPTIONS["num_chunks"].hi),
+    "guidance": Spec("float", lo=0, hi=100),
+    "negative_prompt": Spec("str"),
+}
+assert set(PRESETS["df-1.3b-540p"]) <= set(OPTIONS)
 
 
 class SkyReelsV2(WanHeads):
@@ -231,24 +238,29 @@ class SkyReelsV2(WanHeads):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
         probe: Any = None,
+        layout: str | None = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         """The chunk loop; returns the clean latents and facts about the cache.
 
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps every CFG branch's
         caches and is told the chunk and denoising step before each forward (``None`` for the
-        clean pass)."""
+        clean pass). ``layout="pre-rope"``: keys cached before RoPE whatever the spec's method
+        asks (None: as the spec)."""
         s = self.config
         k = s.chunk_frames
+        kv = self.resolve_kv(kv)
         texts = [self.encode_prompt(prompt)]
         if s.guidance > 1.0:
             texts.append(self.encode_prompt(s.negative_prompt))
-        layout = self.head_layout()
+        heads = self.head_layout()
+        noise = self.initial_noise(prompt, seed)
+        rope = self.key_rope(kv, layout, noise[:, :, :k])
         caches = [
-            layer_caches(kv, s.window, model=self.name, observer=observer, **layout) for _ in texts
+            layer_caches(kv, s.window, model=self.name, observer=observer, rope=rope, **heads)
+            for _ in texts
         ]
         branches = caches if probe is None else [probe.wrap(b) for b in caches]
-        context = ChunkContext(backend=s.attention_backend)
-        noise = self.initial_noise(prompt, seed)
+        context = ChunkContext(backend=s.attention_backend, key_rope=rope)
         latents = torch.empty_like(noise)
         peak, working = PeakBytes(), 0
         with torch.no_grad(), chunk_attention(self.components.transformer, context):
@@ -297,7 +309,8 @@ class SkyReelsV2(WanHeads):
             prompt, seed, kv, progress=progress, observer=observer
         )
         info = {"steps": self.config.steps, "clean_context": CLEAN_CONTEXT, **cache_info}
-        return chunk_video(self.components, self.config, latents, kv.label, info)
+        label = self.resolve_kv(kv).label
+        return chunk_video(self.components, self.config, latents, label, info)
 
 
 # --------------------------------------------------------------------------- loading
@@ -313,14 +326,15 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
     for name in ("steps", "chunk_frames", "num_chunks"):
         values[name] = int(values[name])
         if values[name] < 1:
-            raise JbkvError(f"{name} must be >= 1, got {values[name]}")
+            raise UsageError(f"{name} must be >= 1, got {values[name]}")
     if values["window"] is not None:
         values["window"] = int(values["window"])
         if values["window"] < 1:
-            raise JbkvError(
+            raise UsageError(
                 f"window must be >= 1 chunk (or None: keep all), got {values['window']}"
             )
     check_frame_size(values)
+    check_latent_frames("skyreels-v2", config, values["chunk_frames"], values["num_chunks"])
     values["guidance"], values["shift"] = float(values["guidance"]), float(values["shift"])
     device, dtype, backend = runtime_options(options)
     return SkyReelsSettings(
@@ -335,9 +349,10 @@ def _settings(options: dict[str, Any]) -> SkyReelsSettings:
 
 def _resolved(options: dict[str, Any]) -> tuple[dict[str, Any], SkyReelsSettings]:
     """Checked options and settings, with the weights directory located (not read)."""
-    options = checked_options("skyreels-v2", options, OPTIONS, PRESETS, "df-1.3b-540p")
+    options = parse_options(OPTIONS, options, "skyreels-v2", sep=": ", error=UsageError)
+    options = checked_options("skyreels-v2", options, frozenset(OPTIONS), PRESETS, "df-1.3b-540p")
     if options["config"] == "tiny-random" and "weights" in options:
-        raise JbkvError("config=tiny-random builds random weights; do not pass weights")
+        raise UsageError("config=tiny-random builds random weights; do not pass weights")
     settings = _settings(options)
     if settings.config != "tiny-random":
         settings = replace(settings, weights=str(resolve_weights_dir(settings.weights)))

@@ -14,21 +14,32 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.errors import UsageError
+from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.limits import CHUNKS, DEVICE, MAX_CHUNKS, PATH, STEPS
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, weights_file
 
 FPS = 8.0
+OPTIONS: dict[str, Spec] = {
+    "weights": PATH,
+    "device": DEVICE,
+    "num_chunks": CHUNKS,
+    "steps": STEPS,
+    "window": Spec("int", lo=1, hi=MAX_CHUNKS),
+    "ctx_noise": Spec("float", lo=0, hi=1, hi_open=True),
+}
 
 
 class TinyVideoModel:
     """The tiny model behind the :class:`~jbkv_cli.models.base.VideoModel` protocol."""
 
     name = "tiny"
+    pre_rope = True  # its caches can hold keys before RoPE (``layout=pre-rope``)
 
     def __init__(
         self,
@@ -68,6 +79,7 @@ class TinyVideoModel:
         observer: AttentionObserver | None = None,
     ) -> Video:
         """One video of ``num_chunks * frames_per_chunk`` frames; same noise for every ``kv``."""
+        kv = self.resolve_kv(kv)
         parsed = parse_prompt(prompt)
         noise = draw_noise(self.model, self.sampler.num_chunks, seed, prompt)
         out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress, observer)
@@ -80,6 +92,15 @@ class TinyVideoModel:
     def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""
         return self.model.cfg.head_layout
+
+    @property
+    def chunk_tokens(self) -> int:
+        return self.model.cfg.chunk_len
+
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        """``kv`` as this model runs it (:meth:`KVSpec.for_model`: QVG's K rule; no upstream
+        cache policy to fill in)."""
+        return kv.for_model(self.name, self.chunk_tokens)
 
     def profile_heads(self, prompt: str, seed: int, probe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a
@@ -102,33 +123,20 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def check_options(
-    num_chunks: int = 8,
-    steps: int = 4,
-    window: int | None = None,
-    ctx_noise: float = 0.1,
-    device: str = "cpu",
-    weights: Path | str | None = None,
-    **unknown: Any,
-) -> None:
-    """Refuse what :func:`load_model` would refuse (unknown options, bad values, a missing
-    weights file) without building the model."""
-    if unknown:
-        raise JbkvError(f"unknown option(s) for the tiny model: {', '.join(sorted(unknown))}")
-    if num_chunks < 1 or steps < 1:
-        raise JbkvError(f"num_chunks and steps must be >= 1 (got {num_chunks}, {steps})")
-    if window is not None and window < 1:
-        raise JbkvError(f"window must be >= 1 chunk (got {window})")
-    if not 0.0 <= ctx_noise < 1.0:
-        raise JbkvError(f"ctx_noise must be in [0, 1) (got {ctx_noise})")
-    weights_file(weights)
+def check_options(**options: Any) -> dict[str, Any]:
+    """The options, canonical (:data:`OPTIONS`: types and bounds; None means the default), or
+    the usage error :func:`load_model` would raise for them, and a missing weights file
+    refused, without building the model. Defaults: ``num_chunks`` 8, ``steps`` 4, ``window``
+    the trained one (2), ``ctx_noise`` 0.1, ``device`` cpu, the shipped weights."""
+    opts = parse_options(OPTIONS, options, "tiny", sep=": ", error=UsageError)
+    weights_file(opts.get("weights"))
+    return opts
 
 
 def load_model(**options: Any) -> TinyVideoModel:
     """Build the tiny model (shipped weights unless ``weights`` is given); options and defaults
     as :func:`check_options`."""
-    check_options(**options)
-    return TinyVideoModel(**options)
+    return TinyVideoModel(**check_options(**options))
 
 
 __all__ = ["TinyVideoModel", "check_options", "check_prompt", "load_model"]

@@ -10,7 +10,8 @@ Patch embeddings get a fixed 2D sin-cos embedding of their (row, column) positio
 Attention is block-causal over chunks with a sliding window of ``W`` previous chunks: the tokens
 of chunk ``i`` attend to the (clean) chunks ``i-W .. i-1`` and to themselves. Queries and keys
 are RMS-normalised, then rotated by a 3D RoPE over (frame, row, column), so that scores depend
-on time only through frame *differences*; the keys are cached after RoPE.
+on time only through frame *differences*; the keys are cached after RoPE, or before it
+(``pre_rope``: rotated on read by the cache, :func:`key_rope`).
 
 Diffusion is flow matching with the x0 parametrisation: ``x_t = (1 - t) x_0 + t eps`` and the
 network predicts ``x_0``. A sampler step from ``t`` to ``t' < t`` is the deterministic Euler step
@@ -35,9 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from jbkv_cli.kvcache.layers import HeadLayout
+from jbkv_cli.kvcache.rope import KeyRope
 
-AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""``attend(layer, q, k, v) -> out``, all ``[B, H, L, D]``; q and k post-RoPE."""
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``attend(layer, q, k, v, k_pre) -> out``, all ``[B, H, L, D]``; q and k post-RoPE, ``k_pre``
+the keys before RoPE."""
 
 
 @dataclass
@@ -150,6 +153,17 @@ def rope_tables(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.cos(), a.sin()
 
 
+def key_rope(cfg: TinyConfig, device: str | torch.device = "cpu") -> KeyRope:
+    """The model's key rotation for a pre-RoPE cache: "rotate half" pairs ``(j, j + D/2)``,
+    the table of a chunk at position ``p`` (its first frame) that of frames ``p .. p + F − 1``."""
+
+    def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = rope_angles(cfg, position, cfg.frames_per_chunk).to(device)
+        return rope_tables(angles)
+
+    return KeyRope("half", table)
+
+
 # ----------------------------------------------------------------------------------------------
 # blocks
 
@@ -206,18 +220,19 @@ class Block(nn.Module):
         x: torch.Tensor,
         c: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+        attend: Callable[..., torch.Tensor],
     ) -> torch.Tensor:
         """``x [B, n, L_c, width]`` (n chunks), ``c [B, n, 1, width]``, ``rope`` from
-        :func:`rope_tables` for the ``n L_c`` tokens."""
+        :func:`rope_tables` for the ``n L_c`` tokens; ``attend(q, k, v, k_pre)``."""
         b, n, lc, w = x.shape
         h, d = self.cfg.heads, self.cfg.head_dim
         sh1, sc1, g1, sh2, sc2, g2 = self.ada(F.silu(c)).chunk(6, -1)
         qkv = self.qkv(modulate(self.norm1(x), sh1, sc1)).reshape(b, n * lc, 3, h, d)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, L, D]
         q = apply_rope(self.q_norm(q), rope)
-        k = apply_rope(self.k_norm(k), rope)
-        o = attend(q, k, v).transpose(1, 2).reshape(b, n, lc, w)
+        k_pre = self.k_norm(k)
+        k = apply_rope(k_pre, rope)
+        o = attend(q, k, v, k_pre).transpose(1, 2).reshape(b, n, lc, w)
         x = x + g1 * self.proj(o)
         return x + g2 * self.mlp(modulate(self.norm2(x), sh2, sc2))
 
@@ -304,7 +319,7 @@ class TinyDiT(nn.Module):
         c = self.condition(t, words)
         rope = rope_tables(angles)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, c, rope, lambda q, k, v, i=i: attend(i, q, k, v))
+            x = blk(x, c, rope, lambda q, k, v, k_pre, i=i: attend(i, q, k, v, k_pre))
         sh, sc = self.ada_out(F.silu(c)).chunk(2, -1)
         return self.patch_out(modulate(self.norm_out(x), sh, sc))
 
@@ -333,7 +348,7 @@ class TinyDiT(nn.Module):
         else:
             tokens, t = clean, t_clean
 
-        def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        def attend(_layer: int, q, k, v, _k_pre) -> torch.Tensor:
             return block_causal_attention(q, k, v, m, n, cfg.chunk_len, cfg.window, self.scale)
 
         out = self._run(tokens, t, words, angles, attend)
@@ -347,25 +362,29 @@ class TinyDiT(nn.Module):
         chunk_index: int,
         caches: Sequence,
         commit: bool = False,
+        pre_rope: bool = False,
     ) -> torch.Tensor:
         """One chunk ``[B, L_c, patch_dim]`` at noise level ``t [B]`` against per-layer caches.
 
         Each layer attends through ``caches[layer].attend`` to [cached chunks | this chunk]
-        (this chunk in full precision). With ``commit``, this chunk's post-RoPE keys and values
-        of every layer are committed to the caches after the pass (the refresh pass).
+        (this chunk in full precision). With ``commit``, this chunk's keys and values of every
+        layer are committed to the caches after the pass (the refresh pass): post-RoPE, or with
+        ``pre_rope`` before RoPE at position ``chunk_index · F`` (caches built with
+        :func:`key_rope`).
         """
         cfg = self.cfg
-        angles = rope_angles(cfg, chunk_index * cfg.frames_per_chunk, cfg.frames_per_chunk)
-        angles = angles.to(tokens.device)
+        first = chunk_index * cfg.frames_per_chunk
+        angles = rope_angles(cfg, first, cfg.frames_per_chunk).to(tokens.device)
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        def attend(layer: int, q, k, v, k_pre) -> torch.Tensor:
             if commit:
-                pending.append((k, v))
+                pending.append((k_pre if pre_rope else k, v))
             return caches[layer].attend(q, k, v, scale=self.scale)
 
         out = self._run(tokens[:, None], t[:, None], words, angles, attend)[:, 0]
         if commit:
+            where = {"position": first} if pre_rope else {}
             for cache, (k, v) in zip(caches, pending, strict=True):
-                cache.commit(k, v)
+                cache.commit(k, v, **where)
         return out

@@ -8,7 +8,8 @@ For chunk ``i = 0 .. N-1``:
    current chunk in full precision;
 2. refresh pass: run the finished chunk once more at the small context noise level ``t_c``
    (``x = (1 - t_c) x0_hat + t_c eps'_i``, as in training) and commit its post-RoPE keys and values
-   of every layer to the caches, where they are quantized once per the :class:`KVSpec`.
+   of every layer to the caches, where they are quantized once per the :class:`KVSpec` (keys
+   before RoPE, rotated on read by the cache, when the spec's layout is ``pre-rope``).
 
 With a pruner in the :class:`KVSpec`, each layer's cache gets its pruning state from the
 pruner's profile for ``tiny`` (frames of ``(H/p)(W/p)`` tokens). A ``probe``
@@ -30,7 +31,7 @@ import torch
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache import layer_caches
 from jbkv_cli.kvcache.spec import KVSpec
-from jbkv_cli.models.tiny.model import TinyDiT, unpatchify
+from jbkv_cli.models.tiny.model import TinyDiT, key_rope, unpatchify
 from jbkv_cli.seeding import noise_generator
 
 
@@ -75,7 +76,11 @@ def sample(
     """Generate ``settings.num_chunks`` chunks (see the module docstring)."""
     cfg = model.cfg
     device = next(model.parameters()).device
-    caches = layer_caches(kv, settings.window, model="tiny", observer=observer, **cfg.head_layout)
+    pre = kv.key_layout == "pre-rope"
+    rope = key_rope(cfg, device) if pre else None
+    caches = layer_caches(
+        kv, settings.window, model="tiny", observer=observer, rope=rope, **cfg.head_layout
+    )
     layers = caches if probe is None else probe.wrap(caches)
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
@@ -86,13 +91,17 @@ def sample(
         for step, (t, t_next) in enumerate(pairwise(grid)):
             if probe is not None:
                 probe.at(i, step)
-            x0 = model.forward_chunk(x, torch.full((1,), t, device=device), word_ids, i, layers)
+            x0 = model.forward_chunk(
+                x, torch.full((1,), t, device=device), word_ids, i, layers, pre_rope=pre
+            )
             x = x0 + (t_next / t) * (x - x0)
         tc = settings.ctx_noise
         ctx = (1 - tc) * x0 + tc * noise[i, 1].to(device)[None]
         if probe is not None:
             probe.at(i, None)
-        model.forward_chunk(ctx, torch.full((1,), tc, device=device), word_ids, i, layers, True)
+        model.forward_chunk(
+            ctx, torch.full((1,), tc, device=device), word_ids, i, layers, True, pre_rope=pre
+        )
         chunks.append(x0)
         if progress is not None:
             progress(i + 1, settings.num_chunks)

@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
-from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
+from jbkv_cli.models.safetensors_io import check_state_dict, not_regular, open_safetensors
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
 
 DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tiny.safetensors"
@@ -25,8 +25,12 @@ def save_weights(model: TinyDiT, path: Path, log: dict) -> None:
 
 
 def weights_file(path: Path | str | None = None) -> Path:
-    """The weights file (default: the shipped one); :class:`WeightsNotFoundError` when absent."""
+    """The weights file (default: the shipped one); :class:`WeightsNotFoundError` when absent,
+    a one-line error when it is there but not a regular file (a directory, a FIFO, /dev/zero)."""
     path = Path(path) if path is not None else DEFAULT_WEIGHTS
+    problem = not_regular(path)
+    if problem is not None:
+        raise JbkvError(f"tiny model weights {problem}")
     if not path.is_file():
         raise WeightsNotFoundError(
             f"tiny model weights not found at {path}; train them with "

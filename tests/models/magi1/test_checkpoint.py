@@ -153,5 +153,5 @@ def test_fp8_variant_is_declared_unsupported():
 def test_unknown_config_and_option():
     with pytest.raises(JbkvError, match="tiny-random"):
         load_model(config="7B")
-    with pytest.raises(JbkvError, match="unknown MAGI-1 option"):
+    with pytest.raises(JbkvError, match="unknown magi1 option"):
         load_model(config=TINY_VARIANT.name, colour="red")

@@ -1,4 +1,4 @@
-"""Forcing-KV on MAGI-1 (tiny random configuration, float32, CPU): the head layout, profiling
+"""Forcing-KV-history (and forcing-kv end to end) on MAGI-1 (tiny random configuration, float32, CPU): the head layout, profiling
 through the pipelined sampler, and oracles against the unpruned cache."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from jbkv_cli.cli import app
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.magi1 import load_model
-from jbkv_cli.prune import ForcingKV
+from jbkv_cli.prune import ForcingKVHistory
 from jbkv_cli.prune.profile import FrameMassProbe
 
 ATOL = 1e-5  # fp32: masked tokens against present ones changes only the order of sums
@@ -26,7 +26,7 @@ def model():
 
 
 def _spec(profile: str, **options) -> KVSpec:
-    return KVSpec(pruner=ForcingKV(profile=profile, segments=2, **options))
+    return KVSpec(pruner=ForcingKVHistory(profile=profile, segments=2, **options))
 
 
 def test_magi1_head_layout(model):
@@ -74,10 +74,10 @@ def test_magi1_profile_heads_then_generate_with_forcing_kv(tmp_path):
     result = runner.invoke(app, ["profile-heads", *model, "--out", str(path)])
     assert result.exit_code == 0, result.output
     args = ["generate", *model, "--bits", "2", "--correct", "--pruner", "forcing-kv"]
-    args += ["-M", f"forcing-kv.profile={path}", "-M", "forcing-kv.segments=2"]
+    args += ["-M", f"forcing-kv.profile={path}"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
-    records = list((tmp_path / "run/videos").glob("int2-*-fkv-*/x-0.json"))
+    records = list((tmp_path / "run/videos").glob("int2-*-forcingkv-*/x-0.json"))
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert sum(record["info"]["kv_cache_bytes_by_head"].values()) == record["kv_cache_bytes"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -222,6 +223,15 @@ def test_self_forcing_empty_dir_lists_everything_missing(tmp_path):
         assert f"{comp.BASE_DIR}/{part}" in str(err.value)
     with pytest.raises(WeightsNotFoundError, match=r"models/lora\.pt"):
         sf.load_model(config="longlive", weights=str(tmp_path))
+
+
+def test_self_forcing_generator_that_is_not_a_regular_file_is_named_as_such(tmp_path):
+    """A FIFO would block the read forever: said what it is, not listed as missing."""
+    fifo = tmp_path / "gen.pt"
+    os.mkfifo(fifo)
+    with pytest.raises(JbkvError, match=r"gen\.pt is not a regular file \(a FIFO\)") as err:
+        comp.locate("self-forcing-dmd", weights=tmp_path, generator=str(fifo))
+    assert not isinstance(err.value, WeightsNotFoundError)
 
 
 def test_self_forcing_no_weights_anywhere(monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
-"""Forcing-KV on the Self-Forcing adapter (tiny random configuration, float32, CPU): the head
+"""Forcing-KV-history (and forcing-kv end to end) on the Self-Forcing adapter (tiny random configuration, float32, CPU): the head
 layout pruners read, profiling through the model's own chunk loop, and oracles against the
 unpruned cache: a pruner that keeps every token changes nothing, and static heads that keep one
-chunk of anchor frames are the unpruned cache with a window of one chunk."""
+chunk of anchor frames are the unpruned cache with a window of one chunk. forcing-kv's own rule
+is checked against upstream's code in tests/prune/test_forcing_kv_self_forcing.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from jbkv_cli.cli import app
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.diffusers_wan import head_layout
 from jbkv_cli.models.self_forcing import model as sf
-from jbkv_cli.prune import ForcingKV, load_profile
+from jbkv_cli.prune import ForcingKV, ForcingKVHistory, load_profile
 from jbkv_cli.prune.profile import FrameMassProbe
 
 ATOL = 1e-5  # fp32: masked tokens against absent ones changes only the order of sums
@@ -33,7 +34,7 @@ def tiny_model():
 
 
 def pruned(profile: str, **options) -> KVSpec:
-    return KVSpec(pruner=ForcingKV(profile=profile, segments=2, **options))
+    return KVSpec(pruner=ForcingKVHistory(profile=profile, segments=2, **options))
 
 
 def test_self_forcing_head_layout():
@@ -83,7 +84,7 @@ def test_self_forcing_int2_with_forcing_kv_end_to_end(tiny_model, head_profile):
     """Prune, then quantize what is kept, with the correction. (At 4 tokens per frame the
     positions and segment means outweigh what INT2 pruning saves; FP32 pruning saves.)"""
     profile = head_profile("self-forcing", LAYOUT, "dynamic", 1)
-    fkv = ForcingKV(profile=profile, segments=2, retention=0.5)
+    fkv = ForcingKVHistory(profile=profile, segments=2, retention=0.5)
     both = KVSpec.build("rtn", bits=2, correction="taylor", pruner=fkv)
     video = tiny_model.generate(PROMPT, 3, both)
     plain = tiny_model.generate(PROMPT, 3, KVSpec.build("rtn", bits=2, correction="taylor"))
@@ -116,12 +117,12 @@ def test_self_forcing_profile_heads_then_quantize_eval_with_forcing_kv(tmp_path)
     assert profile.model == "self-forcing" and profile.layers == 2
     args = ["quantize-eval", *model, "--quantizers", "rtn", "--bits", "2"]
     args += ["--pruners", "none,forcing-kv", "--corrections", "none,taylor", "--no-lpips"]
-    args += ["-M", f"forcing-kv.profile={path}", "-M", "forcing-kv.segments=2"]
+    args += ["-M", f"forcing-kv.profile={path}"]
     args += ["--no-plots", "--out", str(tmp_path / "q"), "--json", str(tmp_path / "r.json")]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
-    digest = ForcingKV(profile=str(path), segments=2).variant_id
+    digest = ForcingKV(profile=str(path)).variant_id
     assert set(rows) == {
         "reference",
         "int2-rtn-g32",
@@ -140,8 +141,19 @@ def test_self_forcing_default_segments_that_do_not_fit_a_frame_are_a_usage_error
 ):
     profile = head_profile("self-forcing", LAYOUT, "dynamic", 1)
     args = ["generate", "-m", "self-forcing", "-o", "config=tiny-random", "--prompt", PROMPT]
-    args += ["--pruner", "forcing-kv", "-M", f"forcing-kv.profile={profile}"]
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2
-    assert "segments must be in 1..4" in result.output
-    assert not (tmp_path / "o").exists()
+    for pruner, option, message in (
+        ("forcing-kv-history", "segments=8", "segments must be in 1..4"),
+        ("forcing-kv", "num_frame_patch=3", "num_frame_patch=3 does not divide a frame's 4"),
+    ):
+        given = [
+            "--pruner",
+            pruner,
+            "-M",
+            f"{pruner}.profile={profile}",
+            "-M",
+            f"{pruner}.{option}",
+        ]
+        result = CliRunner().invoke(app, [*args, *given, "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2
+        assert message in result.output
+        assert not (tmp_path / "o").exists()

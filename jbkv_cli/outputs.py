@@ -1,0 +1,88 @@
+"""Where a command may write a file the user names (``--json``, ``--csv``, ``--out``).
+
+:func:`check_output_file` is the one check every such option goes through before anything
+runs. Besides :func:`~jbkv_cli.atomic.check_writable_file` (a file path in a writable folder) it
+refuses a path that would overwrite what jbkv reads back:
+
+- anything inside a run directory (one with a jbkv ``manifest.json``, or one the command is
+  about to make) except under its ``report/`` folder: the manifest, records, videos and scores
+  are what resume, ``report`` and the gate read;
+- anything inside the command's input folders (``fidelity REF TEST``);
+- a path that one of those folders lies under (the file would have to be a folder).
+
+Paths are compared after resolving symlinks, so a link into a run folder is refused too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from jbkv_cli.atomic import check_writable_file
+from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.jsonio import read_json
+from jbkv_cli.run_schema import manifest_problem
+
+MANIFEST = "manifest.json"
+REPORT = "report"
+
+
+def check_output_file(
+    path: str | os.PathLike[str],
+    flag: str,
+    *,
+    runs: Iterable[str | os.PathLike[str]] = (),
+    inputs: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Raise :class:`UsageError` unless ``path`` may take a file written by this command.
+
+    ``runs``: run directories the command makes or resumes (they need not exist yet);
+    ``inputs``: folders it reads. Run directories above ``path`` are found on their own.
+    """
+    target = Path(path)
+    check_writable_file(target, flag)  # a folder, or an unwritable place, is said as such first
+    resolved = target.resolve()
+    shown = f"{target}" if resolved == target.absolute() else f"{target} (-> {resolved})"
+    for run in [*map(Path, runs), *_runs_above(resolved)]:
+        root = run.resolve()
+        if _inside(resolved, root / REPORT) and resolved != root / REPORT:
+            continue
+        if _inside(resolved, root):
+            raise UsageError(
+                f"{flag} {shown} is inside the run directory {run}, whose files jbkv reads "
+                f"back; write it outside the run (or under {run / REPORT})"
+            )
+        if _inside(root, resolved):
+            raise UsageError(f"{flag} {shown} would have to be a folder: the run {run} is in it")
+    for folder in map(Path, inputs):
+        root = folder.resolve()
+        if _inside(resolved, root):
+            raise UsageError(
+                f"{flag} {shown} is inside the input folder {folder}; write it elsewhere"
+            )
+        if _inside(root, resolved):
+            raise UsageError(
+                f"{flag} {shown} would have to be a folder: the input {folder} is in it"
+            )
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _runs_above(path: Path) -> list[Path]:
+    """Run directories ``path`` lies in (a folder holding a jbkv manifest)."""
+    return [p for p in path.parents if _is_run(p)]
+
+
+def _is_run(folder: Path) -> bool:
+    manifest = folder / MANIFEST
+    try:
+        if not manifest.is_file():
+            return False
+        if (folder / "videos").is_dir():
+            return True
+        return manifest_problem(read_json(manifest)) is None
+    except (OSError, JbkvError):
+        return False

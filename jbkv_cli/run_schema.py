@@ -1,0 +1,223 @@
+"""What the files of a run folder must hold, checked where they are read.
+
+Each check is a pure function returning None for good data, or a short phrase naming the first
+bad field (``'psnr' is not a number in [0, 100] (got 'x')``) that the reader puts after the
+file's path, so a damaged file is one line naming the file and the field instead of a
+``TypeError`` or an ``OverflowError`` later on. Numbers must be finite and inside a range
+that keeps every mean and standard error finite (squares of 1e308 overflow).
+
+What a reader does with a problem is its own choice (:mod:`jbkv_cli.runs`): a damaged manifest or
+variant file stops the command; a damaged video record makes that video unfinished and a damaged
+score makes it unscored, so a resumed run makes or scores it again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jbkv_cli.metrics.psnr import PSNR_CAP_DB
+
+BIG = 1e12  # bound of diagnostics, timings and other unbounded measurements
+MAX_INT = 2**62  # bound of byte counts (an int beyond a float's range cannot be averaged)
+MAX_COUNT = 10**7  # bound of frame counts, chunk lengths and indices
+_SLACK = 1e-6  # float rounding at the ends of a range (an SSIM of 1 + 2e-16)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _number(x: Any, lo: float, hi: float) -> bool:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    # compare before isfinite: math.isfinite(10**400) raises OverflowError
+    return lo <= x <= hi and math.isfinite(x)
+
+
+def _integer(x: Any, lo: int, hi: int) -> bool:
+    return type(x) is int and lo <= x <= hi
+
+
+def _bad(key: str, what: str, value: Any) -> str:
+    return f"{key!r} is not {what} (got {_shown(value)})"
+
+
+def _numbers(value: Any, lo: float, hi: float) -> bool:
+    return isinstance(value, list) and all(_number(x, lo, hi) for x in value)
+
+
+# --- manifest ------------------------------------------------------------------------------------
+
+
+def manifest_problem(data: Any) -> str | None:
+    """Why ``data`` is not a run manifest (``RUN/manifest.json``), or None."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if not isinstance(data.get("model"), str):
+        return _bad("model", "a string", data.get("model"))
+    if not isinstance(data.get("settings"), dict):
+        return _bad("settings", "an object", data.get("settings"))
+    prompts, seeds = data.get("prompts"), data.get("seeds")
+    if not (isinstance(prompts, list) and all(type(p) is str for p in prompts)):
+        return _bad("prompts", "a list of strings", prompts)
+    if not (isinstance(seeds, list) and all(_integer(s, 0, 2**64) for s in seeds)):
+        return _bad("seeds", "a list of non-negative integers", seeds)
+    for key, items in (("prompts", prompts), ("seeds", seeds)):
+        if len(set(items)) != len(items):
+            return f"{key!r} lists an entry twice"
+    return None
+
+
+# --- video records -------------------------------------------------------------------------------
+
+
+def record_problem(data: Any) -> str | None:
+    """Why ``data`` is not a video record (``RUN/videos/<variant>/<name>.json``), or None.
+
+    Required: ``prompt``, ``seed``, ``index``, ``kv_cache_bytes``, ``seconds``; every other field
+    a reader uses is checked when present (records of older versions lack some).
+    """
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    checks = (
+        ("prompt", isinstance(data.get("prompt"), str), "a string"),
+        ("seed", _integer(data.get("seed"), 0, 2**64), "a non-negative integer"),
+        ("index", _integer(data.get("index"), 0, MAX_COUNT), "a non-negative integer"),
+        ("kv_cache_bytes", _integer(data.get("kv_cache_bytes"), 0, MAX_INT), "a byte count"),
+        ("seconds", _number(data.get("seconds"), 0, BIG), "a number of seconds"),
+    )
+    for key, ok, what in checks:
+        if not ok:
+            return _bad(key, what, data.get(key))
+    return _optional_record_fields(data)
+
+
+def _optional_record_fields(data: dict[str, Any]) -> str | None:
+    diag = data.get("diagnostics")
+    if not isinstance(diag, dict | None):
+        return _bad("diagnostics", "an object or null", diag)
+    for key, value in (diag or {}).items():
+        if value is not None and not _number(value, -BIG, BIG):
+            return _bad(f"diagnostics.{key}", f"a number in [-{BIG:g}, {BIG:g}]", value)
+    frames = data.get("frames")
+    if frames is not None and not (
+        isinstance(frames, list)
+        and len(frames) == 4
+        and all(_integer(x, 0, MAX_COUNT) for x in frames)
+    ):
+        return _bad("frames", "a list of 4 frame dimensions", frames)
+    fps = data.get("fps")
+    if fps is not None and not _number(fps, 1e-3, 1e4):
+        return _bad("fps", "a frame rate in [0.001, 10000]", fps)
+    samples = data.get("delta_ps_samples")
+    if samples is not None and not _numbers(samples, -1.0 - _SLACK, 1.0 + _SLACK):
+        return _bad("delta_ps_samples", "a list of numbers in [-1, 1]", samples)
+    return _info_problem(data.get("info"))
+
+
+def _info_problem(info: Any) -> str | None:
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        return _bad("info", "an object or null", info)
+    for key in ("frames_per_chunk", "num_chunks"):
+        value = info.get(key)
+        if value is not None and not _integer(value, 1, MAX_COUNT):
+            return _bad(f"info.{key}", "a positive integer", value)
+    split = info.get("kv_cache_bytes_by_head")
+    if split is not None and not (
+        isinstance(split, dict) and all(_integer(v, 0, MAX_INT) for v in split.values())
+    ):
+        return _bad("info.kv_cache_bytes_by_head", "an object of byte counts", split)
+    return None
+
+
+# --- fidelity scores -----------------------------------------------------------------------------
+
+_PSNR = (-_SLACK, PSNR_CAP_DB + _SLACK, f"[0, {PSNR_CAP_DB:g}]")
+_SSIM = (-1.0 - _SLACK, 1.0 + _SLACK, "[-1, 1]")
+_LPIPS = (-_SLACK, 100.0, "[0, 100]")
+_RANGES = {"psnr": _PSNR, "psnr_pooled": _PSNR, "ssim": _SSIM, "lpips": _LPIPS}
+_COUNTS = {"first_chunk": 0, "chunk_frames": 1, "skipped_frames": 0}
+
+
+def score_problem(entry: Any) -> str | None:
+    """Why ``entry`` is not one video's fidelity score (``metrics/fidelity/…``), or None.
+
+    Required: ``psnr`` and ``ssim``; ``lpips`` (null when not computed), the per-frame and
+    per-chunk lists and their chunk counters are checked when present.
+    """
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    for key in ("psnr", "ssim"):
+        lo, hi, span = _RANGES[key]
+        if not _number(entry.get(key), lo, hi):
+            return _bad(key, f"a number in {span}", entry.get(key))
+    for key in ("psnr_pooled", "lpips"):
+        lo, hi, span = _RANGES[key]
+        value = entry.get(key)
+        if value is not None and not _number(value, lo, hi):
+            return _bad(key, f"a number in {span} or null", value)
+    for metric in ("psnr", "ssim", "lpips"):
+        lo, hi, span = _RANGES[metric]
+        for suffix in ("_per_frame", "_per_chunk"):
+            value = entry.get(metric + suffix)
+            if value is not None and not _numbers(value, lo, hi):
+                return _bad(metric + suffix, f"a list of numbers in {span}", value)
+    for key, lo in _COUNTS.items():
+        value = entry.get(key)
+        if value is not None and not _integer(value, lo, MAX_COUNT):
+            return _bad(key, f"an integer in [{lo}, {MAX_COUNT}]", value)
+    status = entry.get("lpips_status")
+    if status is not None and not isinstance(status, str):
+        return _bad("lpips_status", "a string or null", status)
+    return None
+
+
+# --- VBench results ------------------------------------------------------------------------------
+
+_TOTALS = ("quality", "semantic", "total")
+
+
+def vbench_problem(doc: Any) -> str | None:
+    """Why ``doc`` is not a VBench summary (``RUN/metrics/vbench.json``) as the report reads it
+    (per variant: dimension scores with their SE and count, and the totals), or None."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    variants = doc.get("variants")
+    if not isinstance(variants, dict | None):
+        return _bad("variants", "an object", variants)
+    for vid, v in (variants or {}).items():
+        where = f"variants.{vid}"
+        if not isinstance(v, dict):
+            return _bad(where, "an object", v)
+        dims = v.get("dimensions")
+        if not isinstance(dims, dict | None):
+            return _bad(f"{where}.dimensions", "an object", dims)
+        for dim, x in (dims or {}).items():
+            problem = _dimension_problem(x)
+            if problem:
+                return f"{where}.dimensions.{dim}: {problem}"
+        totals = v.get("totals")
+        if not isinstance(totals, dict | None):
+            return _bad(f"{where}.totals", "an object", totals)
+        for key in (*_TOTALS, *(f"{t}_se" for t in _TOTALS)):
+            value = (totals or {}).get(key)
+            if value is not None and not _number(value, -BIG, BIG):
+                return _bad(f"{where}.totals.{key}", "a number or null", value)
+    return None
+
+
+def _dimension_problem(x: Any) -> str | None:
+    if not isinstance(x, dict):
+        return "not an object"
+    for key in ("score", "se"):
+        value = x.get(key)
+        if value is not None and not _number(value, -BIG, BIG):
+            return _bad(key, "a number or null", value)
+    count = x.get("n_videos")
+    if count is not None and not _integer(count, 0, MAX_INT):
+        return _bad("n_videos", "a count or null", count)
+    return None

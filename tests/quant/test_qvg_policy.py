@@ -1,0 +1,102 @@
+"""QVG's cache policy from the command line: ``-M qvg.…`` options reach the cache, rows say
+which K rule and layout applied, and bad values are one-line usage errors (installed ``jbkv``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JBKV = str(Path(sys.executable).with_name("jbkv"))
+
+
+def test_quantize_eval_pre_and_post_rope_rows(quick_eval):
+    rows = quick_eval(
+        "--quantizers",
+        "qvg",
+        "--bits",
+        "2",
+        "--group-sizes",
+        "64",
+        "--corrections",
+        "taylor",
+        "-M",
+        "qvg.layout=pre-rope",
+    )
+    assert list(rows) == ["reference", "int2-qvg-g64-prerope-taylor"]
+    row = rows["int2-qvg-g64-prerope-taylor"]
+    assert row["label"] == "INT2 qvg g64 K≤L/64 pre-RoPE +taylor"
+    assert row["effective_bits"] == pytest.approx(2 + 8 / 64 + 8 / 64 + 16 * 4 / 256)
+
+
+def test_quantize_eval_span_of_two_chunks_counts_the_waiting_chunk(quick_eval):
+    """Two chunks (the embedded model commits both): with N = 2 the first waits, 16-bit, until
+    the second completes its span, so the peak is one 16-bit chunk — half of the reference's
+    two — not the quantized span (per chunk it would be ≈ 0.15 of it)."""
+    rows = quick_eval(
+        "--quantizers", "qvg", "--bits", "2", "--group-sizes", "64", "-M", "qvg.span_chunks=2"
+    )
+    row = rows["int2-qvg-g64-n2"]
+    assert row["label"] == "INT2 qvg g64 K≤L/64 N2"
+    assert row["kv_ratio"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ("qvg.layout=sideways", "qvg.layout must be one of post-rope, pre-rope"),
+        ("qvg.span_chunks=0", "qvg.span_chunks must be an integer in 1..4096"),
+    ],
+)
+def test_bad_policy_options_are_usage_errors(tmp_path, option, match):
+    result = subprocess.run(
+        [JBKV, "quantize-eval", "--quantizers", "qvg", "-M", option, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert match in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_spans_with_a_pruner_are_a_usage_error(tmp_path):
+    result = subprocess.run(
+        [
+            JBKV,
+            "quantize-eval",
+            "--quantizers",
+            "qvg",
+            "--pruners",
+            "forcing-kv",
+            "-M",
+            "qvg.span_chunks=2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "not implemented for pruned caches" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_model_without_pre_rope_support_refuses_pre_rope_keys():
+    from jbkv_cli.errors import UsageError
+    from jbkv_cli.kvcache import KVSpec, layer_caches
+    from jbkv_cli.models.base import resolve_spec
+
+    class Other:  # a model adapter that states no ``pre_rope``
+        name = "magi1"
+
+    spec = KVSpec.build("qvg", 2, 64, layout="pre-rope")
+    with pytest.raises(UsageError, match="cannot cache keys before RoPE"):
+        resolve_spec(Other(), spec)
+    assert resolve_spec(Other(), KVSpec.build("qvg", 2, 64)).key_layout == "post-rope"
+    with pytest.raises(ValueError, match="caches keys before RoPE"):
+        layer_caches(spec, None, model="magi1", layers=1, kv_heads=1, frame_tokens=4)
