@@ -122,6 +122,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 pruner=spec.pruner.name if spec.pruner is not None else "none",
                 kv_ratio=ratio,
                 kv_bytes_by_head=_bytes_by_head(records),
+                value_bits=spec.value.bits if spec.mixed else None,
             )
         )
     return rows
@@ -144,6 +145,13 @@ def _label(spec, run: RunDir, reference: bool) -> str:
     if spec.method is None:  # pruned only: stored as the model gave it
         return spec.label.replace("16-bit", reference_label(run), 1)
     return spec.label
+
+
+def _bits_cell(row: ResultRow) -> str:
+    """``4``, or ``K4V2`` where keys and values are stored at different widths."""
+    if row.value_bits is None or row.value_bits == row.bits:
+        return str(row.bits)
+    return f"K{row.bits}V{row.value_bits}"
 
 
 def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
@@ -313,7 +321,7 @@ def table_cells(
         full = {
             "variant": r.label,
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
-            "bits": str(round(eff / r.kv_ratio)) if unquantized else str(r.bits),
+            "bits": str(round(eff / r.kv_ratio)) if unquantized else _bits_cell(r),
             "eff. bits": "—" if eff is None else f"{eff:.3f}",
             "corrected": "—" if ref else (r.correction if r.corrected else "no"),
             "PSNR ↑ dB": "ref" if ref else fmt("PSNR ↑ dB", r.psnr, 2),

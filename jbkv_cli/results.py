@@ -94,6 +94,7 @@ class ResultRow:
     lp_predicted: Stat | None = None
     lp_left: Stat | None = None
     lp_ratio: Stat | None = None
+    value_bits: int | None = None  # the values' width when it differs from the keys' (``bits``)
 
     @property
     def is_reference(self) -> bool:
@@ -139,6 +140,7 @@ class ResultRow:
         kw["corrected"], kw["bias_only"] = bool(kw["corrected"]), bool(kw["bias_only"])
         kw["pruner"] = kw["pruner"] if isinstance(kw["pruner"], str) else "none"
         kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
+        kw["value_bits"] = kw["value_bits"] if type(kw["value_bits"]) is int else None
         return cls(**kw)
 
 

@@ -80,3 +80,31 @@ def test_the_table_shows_the_measured_shift_and_the_ratio():
     shown = dict(zip(cols, cells[0], strict=True))
     assert shown["Δlog Z"] == "+0.5341 ± 0.0100" and shown["pred/Δ"] == "+0.81"
     assert ResultRow.from_dict(row.to_dict()) == row
+
+
+def test_the_html_page_has_the_measured_bias_per_variant():
+    """The page's "measured bias" table: Δlog Z, predicted, left (mean ± SE) and the ratio per
+    variant that recorded them; a variant without (the reference) is not listed."""
+    from jbkv_cli.html_report import _partition
+
+    base = dict(quantizer="rtn", bits=2, group_size=32, effective_bits=2.75, keys=True)
+    row = ResultRow(
+        variant="int2-rtn-g32-signed",
+        label="INT2 rtn g32 +signed",
+        corrected=True,
+        correction="signed",
+        values=True,
+        bias_only=False,
+        lp_shift=Stat(0.5341, 0.01, 10),
+        lp_predicted=Stat(0.5, 0.02, 10),
+        lp_left=Stat(0.0341, 0.003, 10),
+        lp_ratio=Stat(0.94, 0.02, 10),
+        **base,
+    )
+    ref = ResultRow(variant="reference", label="16-bit reference", corrected=False,
+                    correction="none", values=True, bias_only=False, **base)  # fmt: skip
+    page = _partition([ref, row])
+    assert 'id="partition"' in page and page.count("<tr>") == 2  # header + one variant
+    for cell in ("+0.5341 ± 0.0100", "+0.5000 ± 0.0200", "+0.0341 ± 0.0030", "+0.94 ± 0.02"):
+        assert f"<td>{cell}</td>" in page
+    assert "reference" not in page and _partition([ref]) == ""
