@@ -83,7 +83,8 @@ def test_bad_precision_is_one_usage_line_and_creates_nothing(tmp_path, args, say
     r = _run(*args, "--out", out, *PROMPT, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0]
+    assert "Traceback" not in r.stderr
     assert not out.exists()
 
 
