@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.style import StyleType
 from rich.text import Text
 
-from jbkv_cli.distributed import rank_tag
+from jbkv_cli.lifecycle import rank_tag
 
 # The explicit directional formatting characters: embeddings, overrides, isolates and their ends.
 BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from jbkv_cli.console import mute, warn
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.lifecycle import describe, rank_tag
 
@@ -94,8 +95,6 @@ def only_rank0_reports() -> bool:
     job = launch()
     if job is None or job.rank == 0:
         return True
-    from jbkv_cli.console import mute
-
     mute()
     return False
 
@@ -172,12 +171,8 @@ def setup(device: str | None = None) -> None:
     _state.job, _state.timeout, _state.cuda = job, timeout, cuda
     atexit.register(_shutdown)
     if job.rank != 0:
-        from jbkv_cli.console import mute
-
         mute()
     elif cuda and job.local_world_size > torch.cuda.device_count():
-        from jbkv_cli.console import warn
-
         warn(
             f"{job.local_world_size} ranks per node share {torch.cuda.device_count()} GPU(s) "
             "round-robin"

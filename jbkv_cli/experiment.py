@@ -1,4 +1,4 @@
-"""The experiment: generate every (variant, prompt, seed) into a run, scoring as it goes.
+"""The experiment: generate every (variant, case, seed) into a run, scoring as it goes.
 
 Data flows one way: matrix of KVSpecs -> model.generate (with an attention recorder as its
 observer) -> run directory -> paired fidelity against the reference variant -> rows for the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from jbkv_cli import distributed
 from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.attention.correction import get_correction
 from jbkv_cli.bit_specs import BitPair
+from jbkv_cli.cases import Case
 from jbkv_cli.console import err, visible
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
@@ -29,7 +30,7 @@ from jbkv_cli.metric_shards import merge_shards, save_scores
 from jbkv_cli.metrics.chunks import chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
-from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.base import CasePlanner, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.runs import RunDir, check_prompt, video_name
@@ -115,21 +116,32 @@ def open_run(root: Path, model: str, settings: dict[str, Any]) -> RunDir:
     return RunDir(Path(root), manifest)
 
 
-Job = tuple[KVSpec, str, str, int]  # (spec, variant id, prompt, seed)
+Job = tuple[KVSpec, str, Case, int]  # (spec, variant id, case, seed)
+
+
+def with_plans(model: VideoModel, cases: list[Case]) -> list[Case]:
+    """``cases`` with the plan a :class:`~jbkv_cli.models.base.CasePlanner` computes for each
+    (unchanged for other models)."""
+    if not isinstance(model, CasePlanner):
+        return cases
+    return [replace(c, plan=model.plan_case(c)) if c.plan is None else c for c in cases]
 
 
 def generate_all(
     model: VideoModel,
     run: RunDir,
     specs: list[KVSpec],
-    items: list[tuple[str, list[int]]],
+    items: list[tuple[Case | str, list[int]]],
     *,
     diagnostics: bool = True,
     show_progress: bool = True,
     scoring: Scoring | None = None,
 ) -> GenerationSummary:
-    """Generate every (variant, prompt, seed) of ``items`` = [(prompt, seeds)] that is missing;
-    finished videos are skipped (resumable). The reference goes first for each (prompt, seed).
+    """Generate every (variant, case, seed) of ``items`` = [(case or prompt, seeds)] that is
+    missing; finished videos are skipped (resumable). The reference goes first for each (case,
+    seed). Rank 0 registers the cases with their plans (:func:`with_plans`; a plan kept from an
+    earlier run wins) and every job reads its case back from the manifest, so every variant,
+    rank and resumed run generates a case from the same plan.
 
     With ``scoring``, the order of work of each process is:
 
@@ -146,23 +158,38 @@ def generate_all(
 
     Every video is scored exactly once, by the rank that generated it or was dealt it.
     """
-    items = [(check_prompt(p), seeds) for p, seeds in items]
+    items = [(Case.of(c), seeds) for c, seeds in items]
+    for case, _ in items:
+        check_prompt(case.name)
 
     def jobs_of(vids: list[str]) -> list[Job]:
         pairs = list(zip(specs, vids, strict=True))
-        return [(s, v, p, seed) for p, seeds in items for seed in seeds for s, v in pairs]
+        cases = [run.case(c.name) if not c.prompt_only else c for c, _ in items]
+        return [
+            (s, v, case, seed)
+            for case, (_, seeds) in zip(cases, items, strict=True)
+            for seed in seeds
+            for s, v in pairs
+        ]
 
     def missing() -> tuple[dict[str, Any], list[str], list[int], list[Pair]]:
-        run.register([p for p, _ in items], sorted({s for _, seeds in items for s in seeds}))
+        cases = [c for c, _ in items]
+        known = set(run.manifest.get("cases", {}))
+        planned_cases = with_plans(model, [c for c in cases if c.name not in known])
+        by_name = {c.name: c for c in planned_cases}
+        run.register(
+            [by_name.get(c.name, c) for c in cases],
+            sorted({s for _, seeds in items for s in seeds}),
+        )
         vids = [run.ensure_variant(spec) for spec in specs]
         jobs = jobs_of(vids)
         todo = [
             i
-            for i, (_, vid, prompt, seed) in enumerate(jobs)
-            if not run.is_done(vid, video_name(prompt, run.index_of(seed)))
+            for i, (_, vid, case, seed) in enumerate(jobs)
+            if not run.is_done(vid, video_name(case.name, run.index_of(seed)))
         ]
         planned = {
-            video_name(jobs[i][2], run.index_of(jobs[i][3]))
+            video_name(jobs[i][2].name, run.index_of(jobs[i][3]))
             for i in todo
             if jobs[i][0].is_reference
         }
@@ -185,13 +212,13 @@ def generate_all(
         chunk_task = progress.add_task("chunks", total=1) if progress else None
         if scoring:
             scoring.start(_deal(unscored), progress)
-        for spec, vid, prompt, seed in mine:
-            name = video_name(prompt, run.index_of(seed))
+        for spec, vid, case, seed in mine:
+            name = video_name(case.name, run.index_of(seed))
             if progress:
                 progress.update(videos_task, description=visible(f"{vid} · {name[:40]}"))
                 progress.reset(chunk_task)
             record = _generate_one(
-                model, run, spec, vid, name, prompt, seed, diagnostics, progress, chunk_task
+                model, run, spec, vid, name, case, seed, diagnostics, progress, chunk_task
             )
             summary.generated += 1
             summary.seconds += record["seconds"]
@@ -211,7 +238,7 @@ def generate_all(
 
 def _split(jobs: list[Job], todo: list[int]) -> list[Job]:
     """This rank's jobs: references first (their pairs can be scored as soon as they exist),
-    then round-robin. One process keeps the list's order: per (prompt, seed) the reference,
+    then round-robin. One process keeps the list's order: per (case, seed) the reference,
     then each variant."""
     if distributed.world_size() > 1:
         todo = sorted(todo, key=lambda i: not jobs[i][0].is_reference)
@@ -228,7 +255,7 @@ def _combine(parts: list[GenerationSummary]) -> GenerationSummary:
     )
 
 
-def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progress, task):
+def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, progress, task):
     def on_chunk(done: int, total: int) -> None:
         distributed.beat()
         if progress is not None:
@@ -237,13 +264,13 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
     rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
-        video = model.generate(prompt, seed, spec, progress=on_chunk, observer=rec)
+        video = model.generate(case, seed, spec, progress=on_chunk, observer=rec)
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc
     seconds = time.perf_counter() - start
     diag_seconds = rec.seconds if rec is not None else 0.0
     record: dict[str, Any] = {
-        "prompt": prompt,
+        "prompt": case.name,  # what names and pairs the video: the prompt of a prompt-only case
         "seed": seed,
         "index": run.index_of(seed),
         "variant": vid,
@@ -258,6 +285,8 @@ def _generate_one(model, run, spec, vid, name, prompt, seed, diagnostics, progre
         "info": video.info,
         "diagnostics": None,
     }
+    if not case.prompt_only:
+        record["case"] = case.to_dict()
     if rec is not None:
         record["diagnostics"] = rec.summary()
         dps = rec.delta_ps()

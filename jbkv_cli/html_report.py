@@ -141,6 +141,7 @@ _SORT_KEYS = {
     "ΔP_S": lambda r: r.mean("delta_ps"),
     "Δlog Z": lambda r: r.mean("lp_shift"),
     "pred/Δ": lambda r: r.mean("lp_ratio"),
+    "top-1 shift ↓": lambda r: r.mean("token_shift"),
     "KV MB": lambda r: r.kv_cache_bytes,
     "KV/ref": lambda r: r.kv_ratio,
     "s/video": lambda r: r.mean("seconds"),

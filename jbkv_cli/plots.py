@@ -45,12 +45,13 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
     panels = [(m, pts) for m, pts in panels if pts]
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    # one panel per row at full width: at 120 dpi each is ~960 px wide, read at 100% zoom
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.0, 3.6 * len(panels)), squeeze=False)
     series = sorted({p.series for _, pts in panels for p in pts})
     # one colour per method (its corrected series share it: squares, dashed front)
     methods = sorted({name.split(" + ")[0] for name in series})
     palette = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    for ax, (metric, pts) in zip(axes[0], panels, strict=True):
+    for ax, (metric, pts) in zip(axes[:, 0], panels, strict=True):
         higher = METRICS[metric]
         for name in series:
             mine = [p for p in pts if p.series == name]
@@ -91,8 +92,9 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
             {"psnr": "PSNR vs reference (dB) ↑", "ssim": "SSIM ↑", "delta_ps": "|ΔP_S| ↓"}[metric]
         )
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle("Storage–quality frontier (solid: uncorrected, dashed: corrected)", fontsize=10)
+    axes[0][0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.suptitle("Storage–quality frontier (solid: uncorrected, dashed: corrected)", fontsize=11)
+    fig.tight_layout()
     return _save(fig, path)
 
 

@@ -92,7 +92,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
         rows.append(
             ResultRow(
                 variant=vid,
-                label=_label(spec, run, ref),
+                label=_label(spec, run, ref) + _storage_note(spec, run),
                 quantizer=spec.quantizer,
                 bits=spec.bits,
                 group_size=None if ref else spec.group_size,
@@ -123,6 +123,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 kv_ratio=ratio,
                 kv_bytes_by_head=_bytes_by_head(records),
                 value_bits=spec.value.bits if spec.mixed else None,
+                token_shift=Stat.of([d.get("token_shift") for d in diag]),
             )
         )
     return rows
@@ -152,6 +153,16 @@ def _bits_cell(row: ResultRow) -> str:
     if row.value_bits is None or row.value_bits == row.bits:
         return str(row.bits)
     return f"K{row.bits}V{row.value_bits}"
+
+
+def _storage_note(spec, run: RunDir) -> str:
+    """`` (K=4: L/64 cap)`` where the method stores this model's chunks in a way the row should
+    say (:meth:`~jbkv_cli.quant.method.KVMethod.storage_note`), else ""."""
+    tokens = run.manifest.get("settings", {}).get("tokens_per_chunk")
+    if spec.method is None or type(tokens) is not int or tokens < 1:
+        return ""
+    note = spec.method.storage_note(tokens)
+    return f" ({note})" if note else ""
 
 
 def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
@@ -255,6 +266,7 @@ COLUMNS = (
     "ΔP_S",
     "Δlog Z",
     "pred/Δ",
+    "top-1 shift ↓",
     "KV MB",
     "KV/ref",
     "s/video",
@@ -276,7 +288,13 @@ class Layout:
 
 
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
-_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video", "pred/Δ"}  # eff. bits says the size
+_SECONDARY = _REDUNDANT | {
+    "KV MB",
+    "KV/ref",
+    "s/video",
+    "pred/Δ",
+    "top-1 shift ↓",
+}  # eff. bits: size
 _BARE = frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S", "Δlog Z"})
 LAYOUTS = (
     Layout(),
@@ -300,6 +318,7 @@ def table_cells(
         "SSIM ↑": _best(rows, "ssim", False),
         "LPIPS ↓": _best(rows, "lpips", True),
         "ΔP_S": _best(rows, "delta_ps", True, absolute=True),
+        "top-1 shift ↓": _best(rows, "token_shift", True),
     }
 
     def fmt(column: str, m: Stat | None, digits: int, signed: bool = False) -> str:
@@ -330,6 +349,7 @@ def table_cells(
             "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
             "Δlog Z": "—" if ref else fmt("Δlog Z", r.lp_shift, 4, signed=True),
             "pred/Δ": "—" if ref or r.lp_ratio is None else f"{r.lp_ratio.mean:+.2f}",
+            "top-1 shift ↓": "—" if ref else fmt("top-1 shift ↓", r.token_shift, 4),
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
             "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
             "s/video": fmt("s/video", r.seconds, 2),
@@ -457,7 +477,8 @@ def to_csv(rows: list[ResultRow]) -> str:
         "pruner",
         "kv_ratio",
     ]
-    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", *LP_METRICS]
+    metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", "token_shift"]
+    metrics += LP_METRICS
     writer = csv.writer(buf)
     writer.writerow(
         fields

@@ -50,7 +50,8 @@ class Stat:
 
 
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
-METRICS += ("noise_z_mean", "seconds", "lp_shift", "lp_predicted", "lp_left", "lp_ratio")
+METRICS += ("noise_z_mean", "seconds", "token_shift")
+METRICS += ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class ResultRow:
     lp_left: Stat | None = None
     lp_ratio: Stat | None = None
     value_bits: int | None = None  # the values' width when it differs from the keys' (``bits``)
+    token_shift: Stat | None = None  # share of queries whose top-1 token changed (QuantWM T. 4)
 
     @property
     def is_reference(self) -> bool:

@@ -67,6 +67,21 @@ def manifest_problem(data: Any) -> str | None:
     for key, items in (("prompts", prompts), ("seeds", seeds)):
         if len(set(items)) != len(items):
             return f"{key!r} lists an entry twice"
+    return _cases_problem(data.get("cases", {}), set(prompts))
+
+
+def _cases_problem(cases: Any, prompts: set[str]) -> str | None:
+    """``cases`` (optional): case name -> its inputs, every name a registered prompt."""
+    if not isinstance(cases, dict):
+        return _bad("cases", "an object", cases)
+    for name, case in cases.items():
+        if name not in prompts:
+            return f"'cases' holds {_shown(name)}, which 'prompts' does not list"
+        if not (isinstance(case, dict) and isinstance(case.get("prompt"), str)):
+            return _bad(f"cases.{name}", "an object with a 'prompt'", case)
+        for key in ("image", "trajectory", "id"):
+            if not isinstance(case.get(key), str | None):
+                return _bad(f"cases.{name}.{key}", "a string or null", case.get(key))
     return None
 
 

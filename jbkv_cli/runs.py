@@ -3,6 +3,8 @@
 Layout (design.md §5)::
 
     RUN/manifest.json                       model, settings, prompts, seeds, versions, hardware
+                                            (and ``cases``: the inputs of every case that is
+                                            more than a prompt, by name, with its plan)
     RUN/videos/<variant>/variant.json       the KVSpec of that variant
     RUN/videos/<variant>/<prompt>-<i>.mkv   lossless copy (bit-exact uint8 frames)
     RUN/videos/<variant>/<prompt>-<i>.mp4   H.264 for people and VBench ({prompt}-{index} naming)
@@ -45,6 +47,7 @@ from jbkv_cli.atomic import (
     remove_stale_temps,
     write_text_atomic,
 )
+from jbkv_cli.cases import Case
 from jbkv_cli.console import warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.jsonio import read_json
@@ -230,17 +233,22 @@ class RunDir:
 
     # --- prompts and seeds --------------------------------------------------------------------
 
-    def register(self, prompts: list[str], seeds: list[int]) -> None:
-        """Add prompts and seeds (linear time); a seed's index (its position) names its videos.
+    def register(self, prompts: list[Case | str], seeds: list[int]) -> None:
+        """Add cases (or prompts) and seeds (linear time); a seed's index (its position) names
+        its videos. ``prompts`` keeps every case's name; a case that is more than a prompt is
+        also kept under ``cases`` with its plan (the first plan registered stays). A name
+        registered before with other inputs is a :class:`UsageError`.
 
         A read-modify-write of the manifest on disk under its lock: what another command
         registered meanwhile is kept, and this run's seed positions are the ones on disk.
         """
         path = self.root / MANIFEST
+        cases = [Case.of(p) for p in prompts]
         with _manifest_lock(self.root):
             manifest = parse_manifest(_read_json(path), path) if path.is_file() else self.manifest
             _test_seam("read")
-            changed = not path.is_file()
+            changed = _register_cases(manifest, cases, self.root) or not path.is_file()
+            prompts = [c.name for c in cases]
             for key, new in (("prompts", prompts), ("seeds", seeds)):
                 known = manifest[key]
                 seen = set(known)
@@ -252,6 +260,12 @@ class RunDir:
                 _write_json(path, manifest)
         self.manifest = manifest
         self._seed_index = {}
+
+    def case(self, name: str) -> Case:
+        """The registered case of ``name`` (with its plan); a prompt-only one when the run
+        keeps no inputs for it."""
+        data = self.manifest.get("cases", {}).get(name)
+        return Case(name) if data is None else Case.from_dict(data)
 
     def index_of(self, seed: int) -> int:
         """The position of ``seed`` in the manifest (it names the seed's videos)."""
@@ -459,6 +473,43 @@ class RunDir:
             return
         self._warned.add(path)
         warn(f"{path}: {message}" if prefix else message)
+
+
+def _register_cases(manifest: dict[str, Any], cases: list[Case], root: Path) -> bool:
+    """Record ``cases`` that are more than a prompt in ``manifest['cases']`` (created only when
+    needed, so a run of prompts keeps its old manifest); True when the manifest changed. A name
+    registered before with other inputs (or as a bare prompt) is a :class:`UsageError`."""
+    known: dict[str, Any] = manifest.get("cases", {})
+    prompts = set(manifest["prompts"])
+    changed = False
+    for case in cases:
+        stored = known.get(case.name)
+        if stored is None and (case.prompt_only or case.name not in prompts):
+            if case.prompt_only:
+                continue
+            entry = case.to_dict()
+            if case.plan is not None:
+                entry["plan"] = case.plan
+            known[case.name] = entry
+            manifest["cases"] = known
+            changed = True
+            continue
+        old = Case(case.name) if stored is None else Case.from_dict(stored)
+        if old != case:
+            raise UsageError(
+                f"{root} holds case {shown(case.name)} made from other inputs "
+                f"({_case_difference(old, case)}); give this case another id or use another --out"
+            )
+        if stored is not None and "plan" not in stored and case.plan is not None:
+            stored["plan"] = case.plan
+            changed = True
+    return changed
+
+
+def _case_difference(old: Case, new: Case) -> str:
+    a, b = old.to_dict(), new.to_dict()
+    diffs = [f"{k}: {shown(str(a[k]), 40)} -> {shown(str(b[k]), 40)}" for k in a if a[k] != b[k]]
+    return ", ".join(diffs[:2])
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

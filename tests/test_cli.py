@@ -30,6 +30,6 @@ def test_python_dash_m_entry_point():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "jbkv_cli", "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "jbkv_cli", "--help"], capture_output=True, text=True, timeout=900
     )
     assert out.returncode == 0 and "quantize-eval" in out.stdout

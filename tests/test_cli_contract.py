@@ -178,7 +178,7 @@ def interrupt_at(
         env=env,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 900
     while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     reached = mark.exists()
@@ -186,7 +186,7 @@ def interrupt_at(
         proc.send_signal(signum)
     else:
         proc.kill()
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=900)
     assert reached, f"never reached {point}: rc {proc.returncode}, {err[-500:]}"
     return proc.returncode, out, err
 
@@ -284,7 +284,7 @@ def test_start_up_under_a_memory_cap_is_one_line_exit_1(tmp_path):
             capture_output=True,
             text=True,
             cwd=tmp_path,
-            timeout=120,
+            timeout=900,
             preexec_fn=capped(mib),
             env={k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"},
         )
@@ -322,7 +322,7 @@ def test_report_under_torchrun_prints_on_rank_0_only(tmp_path):
             [JBKV, "report", "r"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=900,
             cwd=tmp_path,
             env={**os.environ, "COLUMNS": "120", **env},
         )
@@ -341,7 +341,7 @@ def test_ctrl_c_during_a_run_keeps_finished_videos(tmp_path):
     while time.time() < deadline and len(list(records.glob("*-*.json"))) < 2:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=900)
     assert proc.returncode == 130, err
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and "interrupted" in lines[0]

@@ -31,7 +31,7 @@ def convert(*args: object, cwd: Path, umask: int | None = None) -> subprocess.Co
         text=True,
         cwd=cwd,
         env=env,
-        timeout=120,
+        timeout=900,
         preexec_fn=None if umask is None else (lambda: os.umask(umask)),
     )
 

@@ -207,7 +207,7 @@ def test_every_reader_on_a_damaged_run_file(sample, target, damage, pick, value)
 
 def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
     )
 
 
@@ -278,7 +278,7 @@ def test_a_fifo_in_place_of_a_record_or_a_score_is_named_not_read(copied):
         path.unlink()
         os.mkfifo(path)
     r = subprocess.run(
-        [JBKV, "report", str(copied)], capture_output=True, text=True, cwd=copied, timeout=120
+        [JBKV, "report", str(copied)], capture_output=True, text=True, cwd=copied, timeout=900
     )
     assert r.returncode == 0, r.stderr
     warned = [w for w in _messages(r.stderr, "warning") if "not a regular file (a FIFO)" in w]

@@ -49,7 +49,7 @@ TIMING = {"seconds", "diagnostics_seconds"}
 
 def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
     )
 
 
@@ -108,7 +108,7 @@ def test_kill_9_at_random_moments_then_resume_is_identical(tmp_path):
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=900)
         kills += 1
     assert kills >= 3, f"only {kills} kills landed before the run finished"
     resumed = _jbkv(*GENERATE, "--out", "killed", cwd=tmp_path)
@@ -233,7 +233,7 @@ def test_kill_9_inside_and_between_score_writes_then_resume_is_identical(tiny_ru
             text=True,
             cwd=tmp_path,
             env=env,
-            timeout=300,
+            timeout=900,
         )
         assert r.returncode == -signal.SIGKILL, (at, r.stderr)
         n, when = at.split(":")
@@ -270,7 +270,7 @@ def test_full_disk_during_the_html_report_is_one_line_naming_the_target(tiny_run
         text=True,
         cwd=tmp_path,
         env=env,
-        timeout=300,
+        timeout=900,
     )
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1, r.stderr
@@ -323,7 +323,7 @@ def test_convert_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=300,
+        timeout=900,
         preexec_fn=limit,
     )
     _check_convert_failed(r, target, "File too large")

@@ -203,7 +203,7 @@ class Chromium:
         for domain in ("Runtime", "Log", "Page"):
             self.call(f"{domain}.enable")
         self.call("Page.navigate", {"url": url})
-        self.wait_for("document.readyState === 'complete'", timeout=30)
+        self.wait_for("document.readyState === 'complete'", timeout=300)
 
     def js(self, expression: str):
         result = self.call(
@@ -268,7 +268,7 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
     browser = Chromium(executable, profile)
     try:
         browser.open(url)
-        browser.wait_for(f"{VIDEOS}.every(v => {SEEKABLE})", timeout=60)
+        browser.wait_for(f"{VIDEOS}.every(v => {SEEKABLE})", timeout=900)
         ready = browser.js(f"{VIDEOS}.map(v => v.readyState)")
         assert len(ready) == 10 and min(ready) >= 2
 
@@ -293,7 +293,7 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
             "document.querySelectorAll('input.scrub').forEach(s => { s.value = 2.5; "
             "s.dispatchEvent(new Event('input')); })"
         )
-        browser.wait_for(f"{VIDEOS}.every(v => !v.seeking)", timeout=20)
+        browser.wait_for(f"{VIDEOS}.every(v => !v.seeking)", timeout=300)
         scrubbed = browser.js(f"{VIDEOS}.map(v => v.currentTime)")
         assert all(abs(t - 2.5) < 1 / 8 for t in scrubbed), scrubbed
         label = browser.js("document.querySelector('.sync-group .time').textContent")
@@ -306,6 +306,14 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
             ".map(r => r.cells[5].dataset.sort).filter(x => x !== '').map(Number)"
         )
         assert psnr == sorted(psnr) and len(psnr) == 4
+
+        # figures at their natural size (the frontier's panels full width, not thumbnails)
+        frontier = browser.js(
+            "(() => { const i = document.querySelector('img[src=\"frontier.png\"]'); "
+            "return [i.naturalWidth, i.naturalHeight, i.getBoundingClientRect().width]; })()"
+        )
+        assert frontier[0] >= 900 and frontier[1] > frontier[0], frontier  # panels stacked
+        assert abs(frontier[2] - frontier[0]) <= 1, frontier  # shown at 100%
 
         # screenshot of the first row of videos, not blank
         browser.js("document.querySelector('.sync-group').scrollIntoView()")

@@ -162,7 +162,7 @@ def test_the_longest_prompt_is_written_on_a_host_with_a_64_character_name(tmp_pa
         capture_output=True,
         text=True,
         env={**os.environ, **env},
-        timeout=60,
+        timeout=900,
     )
     assert probe.stdout.strip() == LONG_HOST  # the hook is active in child processes
     longest = "é" * (MAX_PROMPT_BYTES // 2) + "a" * (MAX_PROMPT_BYTES % 2)  # bytes, not chars

@@ -97,7 +97,7 @@ def test_a_folder_named_like_a_run_without_a_jbkv_manifest_is_not_one(tmp_path):
 
 def _jbkv(args: list[object], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300
+        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
     )
 
 

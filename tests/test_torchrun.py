@@ -53,7 +53,7 @@ def _env(write_log: Path | None = None) -> dict[str, str]:
     if write_log is not None:  # log the files the job commits, in order
         path = os.pathsep.join(filter(None, [str(WRITE_LOG_HOOK), env.get("PYTHONPATH")]))
         env |= {"PYTHONPATH": path, "JBKV_TEST_WRITE_LOG": str(write_log)}
-    return env | {"JBKV_DIST_TIMEOUT": "120"}
+    return env | {"JBKV_DIST_TIMEOUT": "900"}
 
 
 def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
@@ -63,7 +63,7 @@ def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.Compl
         text=True,
         cwd=cwd,
         env=_env(log),
-        timeout=300,
+        timeout=900,
     )
 
 
@@ -75,7 +75,7 @@ def _torchrun_cmd(*args: object) -> list[str]:
 
 def _torchrun(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        _torchrun_cmd(*args), capture_output=True, text=True, cwd=cwd, env=_env(log), timeout=300
+        _torchrun_cmd(*args), capture_output=True, text=True, cwd=cwd, env=_env(log), timeout=900
     )
 
 
@@ -261,7 +261,7 @@ def _rank_pid(agent: int, rank: int) -> int | None:
 
 def _until_records(run: Path, proc: subprocess.Popen, n: int) -> None:
     """Wait until ``run`` holds ``n`` finished videos (or ``proc`` ended: the caller checks)."""
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 900
     while len(_records(run)) < n and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
 
@@ -281,7 +281,7 @@ def test_kill_9_of_one_rank_then_one_process_resumes_to_identical_results(runs):
     victim = _rank_pid(agent.pid, 1)
     assert victim is not None and agent.poll() is None, "the job ended before the kill"
     os.kill(victim, signal.SIGKILL)
-    _, stderr = agent.communicate(timeout=120)
+    _, stderr = agent.communicate(timeout=900)
     assert agent.returncode != 0, stderr
     assert 0 < len(_records(run)) < VIDEOS, "the kill did not land mid-run"
 
@@ -306,7 +306,7 @@ def test_kill_9_of_one_process_then_two_ranks_resume_to_identical_results(runs):
     _until_records(run, proc, 1)
     assert proc.poll() is None, "the run ended before the kill"
     proc.kill()
-    proc.wait(timeout=60)
+    proc.wait(timeout=900)
     made_alone = len(_records(run))
     assert 0 < made_alone < VIDEOS, "the kill did not land mid-run"
 
@@ -363,7 +363,7 @@ def test_sigterm_to_every_rank_is_one_line_each_and_exit_143(tmp_path):
         text=True,
     )
     marks = [tmp_path / f"pause.rank{r}" for r in (0, 1)]
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 900
     while not all(m.exists() for m in marks) and agent.poll() is None:
         assert time.monotonic() < deadline, "the ranks never reached their first video write"
         time.sleep(0.01)
@@ -371,7 +371,7 @@ def test_sigterm_to_every_rank_is_one_line_each_and_exit_143(tmp_path):
     assert None not in ranks and agent.poll() is None, "a rank ended before the signal"
     for pid in ranks:
         os.kill(pid, signal.SIGTERM)
-    _, stderr = agent.communicate(timeout=120)
+    _, stderr = agent.communicate(timeout=900)
     assert agent.returncode != 0
     for r in (0, 1):  # the ranks share one stderr: a line may follow another's unended text
         line = f"error: rank {r}/2: interrupted (SIGTERM); completed files are kept, no partial"

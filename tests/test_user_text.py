@@ -55,7 +55,7 @@ def jbkv(*args: object, cwd: Path, env: dict[str, str] | None = None):
     env = {**os.environ, "COLUMNS": "200", **(env or {})}
     env.pop("JBKV_DEBUG", None)
     return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
+        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=cwd, env=env
     )
 
 

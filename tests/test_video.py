@@ -186,7 +186,7 @@ def test_video_bytes_are_reproducible_across_processes(tmp_path: Path, suffix: s
             check=True,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=900,
         )
         digests |= set(out.stdout.split())
     assert len(digests) == 1, digests

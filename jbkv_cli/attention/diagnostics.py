@@ -3,6 +3,8 @@
 - ``P_S = Σ_{i ∈ cached} softmax_i``: attention mass on cached tokens; ``ΔP_S = P̂_S − P_S``
   (quantized, corrected as the variant does, minus full precision; same query).
 - ``JSD(p̂ ‖ p)`` of attention rows (natural log), and the MSE of attention outputs.
+- Token-selection shift (QuantWM's Table 4): the share of queries whose top-1 attended token
+  (over ``[cached | current]``) differs from the one they attend most with full precision.
 - The noise model itself: cached-score errors ``δ_i = τ q·(k̂_i − k_i)`` against the predicted
   mean 0 and variance ``σ_i² = (τ²/12) Σ_j Δ_ij² ‖q_j‖²``: ``z = δ/σ`` should have mean ≈ 0 and
   variance ≈ 1 if the noise is uniform and independent, as the analysis assumes.
@@ -117,6 +119,12 @@ def score_noise(
     }
 
 
+def top1_shift(p_hat: torch.Tensor, p_ref: torch.Tensor) -> torch.Tensor:
+    """1.0 where a row's most attended token differs between ``p_hat`` and ``p_ref`` (last
+    dim; the first of equal maxima), else 0.0: ``[..., Lk] -> [...]``."""
+    return (p_hat.argmax(-1) != p_ref.argmax(-1)).float()
+
+
 @dataclass
 class AttentionStats:
     """Per-query statistics of one block of queries against one cache read."""
@@ -127,6 +135,7 @@ class AttentionStats:
     out_mse: torch.Tensor  # [N]
     lp_shift: torch.Tensor | None = None  # [N] cached log-partition shift (stored keys)
     lp_predicted: torch.Tensor | None = None  # [N] the part the active correction predicts
+    top1_shift: torch.Tensor | None = None  # [N] 1.0 where the top-1 token changed, else 0.0
 
 
 def compare_attention(
@@ -150,6 +159,7 @@ def compare_attention(
     v_hat, v_ref = (_expand_kv_heads(t, q.shape[-3]) for t in (v_hat, v_ref))
     partition = corr.quantizes and cached.k_step is not None
     parts: list[list[torch.Tensor]] = [[], [], [], [], [], []]
+    shifts: list[torch.Tensor] = []
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
         s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
@@ -176,7 +186,9 @@ def compare_attention(
         parts[1].append(p_ref[..., :lc].sum(-1).flatten())
         parts[2].append(jsd(p_hat, p_ref).flatten())
         parts[3].append((o_hat - o_ref).square().mean(-1).flatten())
-    return AttentionStats(*(torch.cat(p) if p else None for p in parts))
+        shifts.append(top1_shift(p_hat, p_ref).flatten())
+    stats = (torch.cat(p) if p else None for p in parts)
+    return AttentionStats(*stats, top1_shift=torch.cat(shifts))
 
 
 @dataclass
@@ -233,7 +245,8 @@ class AttentionRecorder:
     def summary(self) -> dict[str, float | None]:
         """Means over every recorded query (None when nothing was recorded)."""
         if not self.stats:
-            return {"delta_ps": None, "p_s": None, "p_s_ref": None, "jsd": None, "out_mse": None}
+            empty = ("delta_ps", "p_s", "p_s_ref", "jsd", "out_mse", "token_shift")
+            return dict.fromkeys(empty)
         cat = {
             f: torch.cat([getattr(s, f) for s in self.stats])
             for f in ("p_s", "p_s_ref", "jsd", "out_mse")
@@ -245,6 +258,8 @@ class AttentionRecorder:
             "jsd": float(cat["jsd"].mean()),
             "out_mse": float(cat["out_mse"].mean()),
         }
+        shifts = [s.top1_shift for s in self.stats if s.top1_shift is not None]
+        out["token_shift"] = float(torch.cat(shifts).mean()) if shifts else None
         if self.noise:
             for key in self.noise[0]:
                 out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)

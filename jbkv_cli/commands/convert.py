@@ -30,6 +30,10 @@ def register(app: typer.Typer) -> None:
         lora: Annotated[
             bool, typer.Option("--lora", help="SRC is a LoRA file (LongLive's lora.pt).")
         ] = False,
+        glyph: Annotated[
+            bool,
+            typer.Option("--glyph", help="SRC is Glyph-SDXL-v2's byt5_model.pt (HY-WorldPlay)."),
+        ] = False,
     ) -> None:
         """Write a generator (or LoRA) state dict as safetensors, with upstream names.
 
@@ -41,5 +45,10 @@ def register(app: typer.Typer) -> None:
         from jbkv_cli.models.self_forcing.checkpoint import convert_checkpoint as convert
 
         target = dst if dst is not None else src.with_suffix(".safetensors")
-        count = convert(src, target, ema=ema, lora=lora)
+        if glyph:
+            from jbkv_cli.models.hy_worldplay.checkpoint import convert_glyph
+
+            count = convert_glyph(src, target)
+        else:
+            count = convert(src, target, ema=ema, lora=lora)
         err.print(f"{count} tensors → {target}", highlight=False)

@@ -14,8 +14,10 @@ import typer
 from jbkv_cli import distributed
 from jbkv_cli.atomic import check_writable_dir, write_text_atomic
 from jbkv_cli.bit_specs import parse_bit_list, side_bits
+from jbkv_cli.cases import Case
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
+    CasesOpt,
     DeviceOpt,
     MethodOptionOpt,
     ModelOptionOpt,
@@ -31,6 +33,7 @@ from jbkv_cli.commands.options import (
     parse_list,
     parse_method_options,
     parse_seeds,
+    read_case_items,
     read_prompt_items,
 )
 from jbkv_cli.console import err, out, plain, warn
@@ -49,6 +52,7 @@ from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolv
 from jbkv_cli.models.registry import (
     DEFAULT_MODEL,
     MODELS,
+    check_cases,
     check_options,
     check_prompts,
     load_model,
@@ -108,6 +112,28 @@ def _prompt_items(
     the model, before anything is created."""
     items = [(check_prompt(p), s) for p, s in read_prompt_items(prompts, prompt, name, seeds)]
     check_prompts(name, [p for p, _ in items])
+    return items
+
+
+def _case_items(
+    name: str,
+    prompts: str | None,
+    prompt: list[str] | None,
+    cases: Path | None,
+    seeds: list[int] | None,
+    options: dict[str, Any],
+) -> list[tuple[Case, list[int]]]:
+    """(case, seeds) pairs from ``--cases`` or the prompts, every case's name checked for file
+    names and every case checked by the model with its ``options`` (an image or a trajectory
+    for a text-only model, a trajectory of the wrong length, …), before anything is created."""
+    if cases is None:
+        items = [(Case(p), s) for p, s in _prompt_items(name, prompts, prompt, seeds)]
+    else:
+        items = read_case_items(cases, prompts, prompt, seeds)
+        for case, _ in items:
+            check_prompt(case.name)
+    with _model_errors(name):
+        check_cases(name, [c for c, _ in items], **options)
     return items
 
 
@@ -266,6 +292,7 @@ def generate(
     ] = None,
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
+    cases: CasesOpt = None,
     seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
@@ -325,8 +352,8 @@ def generate(
         spec = _spec(
             quantizer, pair.key, group_size, corr, pruner=pruner, value_bits=pair.value, **kw
         )
-    items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
+    items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts)
     distributed.setup(device)
     m = _load(model, opts)
     spec = resolve_spec(m, spec)
@@ -387,6 +414,7 @@ def quantize_eval(
     ] = "",
     prompts: PromptsOpt = None,
     prompt: PromptOpt = None,
+    cases: CasesOpt = None,
     seeds: SeedsOpt = None,
     out_dir: Annotated[
         Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
@@ -439,9 +467,12 @@ def quantize_eval(
         _check_model(name)
     if json_path is not None:
         check_output_file(json_path, "--json", runs=[out_dir / name for name in names])
-    work = {name: _prompt_items(name, prompts, prompt, seed_list) for name in names}
     flags = (weights, num_chunks, steps, window, device, model_option)
     model_opts = {name: _model_options(name, *flags) for name in names}
+    work = {
+        name: _case_items(name, prompts, prompt, cases, seed_list, model_opts[name])
+        for name in names
+    }
     for name in names:  # every model's options and weights, before the first one runs
         _check_load(name, model_opts[name])
     distributed.setup(device)

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from jbkv_cli.attention.correction import CORRECTIONS
+from jbkv_cli.cases import Case, read_case_file
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.resources import PROMPTS_DIR
@@ -21,6 +22,14 @@ PromptsOpt = Annotated[
 ]
 PromptOpt = Annotated[
     list[str] | None, typer.Option("--prompt", help="A prompt (repeatable); adds to --prompts.")
+]
+CasesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--cases",
+        help="A case file (CSV: prompt or caption, and image, pose, id columns) for models that "
+        "read an image or a camera trajectory; replaces --prompts/--prompt.",
+    ),
 ]
 SeedsOpt = Annotated[
     str | None,
@@ -130,6 +139,16 @@ def read_prompt_items(
         items += [(p, seeds or [0]) for p in extra or [] if p.strip()]
         return items
     return [(p, seeds or [0]) for p in read_prompts(spec, extra, model)]
+
+
+def read_case_items(
+    path: Path, prompts: str | None, extra: list[str] | None, seeds: list[int] | None
+) -> list[tuple[Case, list[int]]]:
+    """(case, seeds) pairs from a case file (:func:`~jbkv_cli.cases.read_case_file`); every
+    case gets ``seeds`` (default 0). ``--prompts``/``--prompt`` do not combine with it."""
+    if prompts is not None or extra:
+        raise UsageError("--cases lists the prompts; leave out --prompts and --prompt")
+    return [(case, seeds or [0]) for case in read_case_file(path)]
 
 
 def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:

@@ -17,10 +17,11 @@ What it does, in order:
   (default on CPU, where denoising steps re-read it) or drops it after each call (default on GPU).
 - **attend** runs :func:`~jbkv_cli.attention.attend` with the variant's correction, and feeds the
   ``observer`` it was given (diagnostics) every ``observer.every``-th call. When a method
-  ``needs_queries`` (QuantWM), every query attended with is added to ``queries``
-  (:class:`~jbkv_cli.quant.queries.QueryStats`) after the call, and commits hand those
-  statistics to the method: strictly causal, a chunk is stored knowing only queries that have
-  already read the cache.
+  ``needs_queries`` (QuantWM), the queries of each attention call are added to ``pending``
+  (:class:`~jbkv_cli.quant.queries.QueryStats`); a commit stores its chunk with ``queries``,
+  the history of the queries attended with before the *previous* commit (those of earlier
+  chunks, QuantWM's ``M^{t−1}``, App. C.3), and only then folds ``pending`` (this chunk's
+  denoising and refresh queries) into ``queries``. The first chunk is stored with no history.
 
 ``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
 
@@ -146,9 +147,10 @@ class ChunkKVCache:
         self._view: tuple[tuple[int, int | None], CachedKV | None] | None = None
         self._head_dim: int | None = None
         self._layout: tuple[int, ...] | None = None  # (B, Hkv, D) of every chunk
-        self.queries: QueryStats | None = None
+        self.queries: QueryStats | None = None  # earlier chunks' queries: what commits use
+        self.pending: QueryStats | None = None  # queries since the last commit
         if any(m is not None and m.needs_queries for m in (spec.key, spec.value)):
-            self.queries = QueryStats()
+            self.queries, self.pending = QueryStats(), QueryStats()
 
     # --- storing ------------------------------------------------------------------------------
 
@@ -223,6 +225,9 @@ class ChunkKVCache:
         self.committed += 1
         self._compress_spans()
         self._settle()
+        if self.queries is not None:  # this chunk's own queries count from the next commit on
+            self.queries.absorb(self.pending)
+            self.pending = QueryStats()
         self._evict()
         self._view = None
         if self.pruning is not None and self.nbytes >= self.peak_nbytes:
@@ -345,7 +350,7 @@ class ChunkKVCache:
             self.pruning.forget({c.serial for c in self.chunks})
         self.chunks, self.committed, self._view, self._layout = [], 0, None, None
         if self.queries is not None:
-            self.queries = QueryStats()
+            self.queries, self.pending = QueryStats(), QueryStats()
 
     def stored(self, index: int, role: Role = "key") -> QuantizedTensor:
         """What chunk ``index`` (of those held) stores for ``role``."""
@@ -475,8 +480,8 @@ class ChunkKVCache:
         cached = self.read(last, positions)
         correction = self.spec.correction_
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
-        if self.queries is not None:
-            self.queries.update(q, k_cur.shape[-3])
+        if self.pending is not None:
+            self.pending.update(q, k_cur.shape[-3])
         self._calls += 1
         obs = self.observer
         if (

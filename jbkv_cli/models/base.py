@@ -9,7 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.errors import UsageError
+from jbkv_cli.cases import Case
+from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import KVSpec
 
@@ -46,17 +47,44 @@ class VideoModel(Protocol):
 
     def generate(
         self,
-        prompt: str,
+        case: Case | str,
         seed: int,
         kv: KVSpec,
         *,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
     ) -> Video:
-        """Generate one video. Same (prompt, seed, settings) => same initial noise for any ``kv``.
+        """Generate one video of ``case`` (:class:`~jbkv_cli.cases.Case`; a string is a
+        prompt-only case). Same (case, seed, settings) => same initial noise for any ``kv``.
 
-        ``observer`` (diagnostics) is handed to every layer's cache."""
+        A text-only model reads ``text_case(case, self.name).prompt`` (:func:`text_case`
+        refuses an image or a trajectory). ``observer`` (diagnostics) is handed to every
+        layer's cache."""
         ...
+
+
+@runtime_checkable
+class CasePlanner(Protocol):
+    """A model that computes something once per case which every variant must share (e.g.
+    HY-WorldPlay's memory index lists): the run keeps it in its manifest (computed on first
+    registration, reused on resume) and hands it back as ``case.plan``."""
+
+    def plan_case(self, case: Case) -> Any:
+        """A JSON-able plan for ``case`` (deterministic)."""
+        ...
+
+
+def text_case(case: Case | str, model: str) -> Case:
+    """``case`` as a case a text-only ``model`` can generate: its prompt (and id) alone.
+    An image or a trajectory is a :class:`~jbkv_cli.errors.UsageError` naming the model."""
+    case = Case.of(case)
+    extra = [what for what, v in (("an image", case.image), ("a trajectory", case.trajectory)) if v]
+    if extra:
+        raise UsageError(
+            f"model {model!r} takes a prompt only; case {shown(case.name)} has "
+            + " and ".join(extra)
+        )
+    return case
 
 
 @runtime_checkable

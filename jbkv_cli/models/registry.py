@@ -4,7 +4,10 @@ A model module provides ``load_model(**options) -> VideoModel``, ``check_options
 (what ``load_model`` would refuse, without building anything) and, when it reads only some
 prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raises
 :class:`~jbkv_cli.errors.UsageError` for a prompt it cannot read; commands call it for every
-prompt before anything is created.
+prompt before anything is created. A model that reads more than a prompt (an image, a camera
+trajectory: :class:`~jbkv_cli.cases.Case`) provides ``check_cases(cases, **options)``, which
+refuses a case it cannot generate with those options; every other model takes prompt-only
+cases (:func:`check_cases`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import importlib
 from collections.abc import Iterable
 from typing import Any
 
+from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError
-from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.base import VideoModel, text_case
 
 # name -> "module:factory"; factory(**options) -> VideoModel
 MODELS: dict[str, str] = {
@@ -22,6 +26,7 @@ MODELS: dict[str, str] = {
     "magi1": "jbkv_cli.models.magi1:load_model",
     "skyreels-v2": "jbkv_cli.models.skyreels_v2:load_model",
     "self-forcing": "jbkv_cli.models.self_forcing:load_model",
+    "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
 }
 
 DEFAULT_MODEL = "tiny"
@@ -56,3 +61,15 @@ def check_prompts(name: str, prompts: Iterable[str]) -> None:
     if check is not None:
         for prompt in prompts:
             check(prompt)
+
+
+def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
+    """Raise :class:`UsageError` for the first case model ``name`` cannot generate with
+    ``options`` (its module's ``check_cases``; else a case must be a prompt, and the prompts
+    must pass :func:`check_prompts`). Called before anything is created."""
+    cases = list(cases)
+    check = getattr(_module(name)[0], "check_cases", None)
+    if check is not None:
+        check(cases, **options)
+        return
+    check_prompts(name, [text_case(c, name).prompt for c in cases])

@@ -95,6 +95,11 @@ class KVMethod:
         """The newest cached tokens kept in full precision (KIVI's residual); 0 for most."""
         return 0
 
+    def storage_note(self, tokens: int) -> str:
+        """What a result row should say about how chunks of ``tokens`` tokens are stored
+        (e.g. a capped codebook); "" for nothing."""
+        return ""
+
     def cache_policy(self) -> SpanPolicy:
         """Which finished chunks the cache compresses together, and when
         (:mod:`jbkv_cli.quant.policy`); every chunk at its commit, alone, for most."""

@@ -1,10 +1,11 @@
 """QueryStats: what a layer has learned about its queries so far (strictly causal).
 
 Some methods (QuantWM's QSAC and PSAC) weigh key error by the queries that will read the keys.
-They may only use queries the model has already attended with: the cache adds every ``q`` it
-attends with (:meth:`QueryStats.update`, after the attention call) and hands the statistics to
-the method when a chunk is committed, so a chunk's keys are stored with the history of queries up
-to and including its own denoising, never a later one.
+QuantWM's protocol (App. C.3) is strictly causal: a chunk is quantized with the statistics of
+the queries of *earlier* chunks, ``M^{t−1}``, and its own queries (its denoising and refresh
+passes) are added only after it is quantized. The cache keeps two of these: the queries it
+attends with go to a pending one (:meth:`QueryStats.update`), and a commit stores its chunk with
+the history, then folds the pending queries in (:meth:`QueryStats.absorb`).
 
 Per batch row ``b`` and KV head ``h`` (GQA: the query heads ``h·r .. h·r + r − 1`` of the group
 share their KV head, as SDPA's ``enable_gqa`` maps them)::
@@ -43,6 +44,15 @@ class QueryStats:
             raise ValueError(f"queries of shape {tuple(q.shape)} do not match earlier queries")
         self.moment = m if self.moment is None else self.moment + m
         self.count += (hq // kv_heads) * lq
+
+    def absorb(self, other: QueryStats) -> None:
+        """Add ``other``'s queries to these (``other`` is left as it was)."""
+        if other.empty:
+            return
+        if self.moment is not None and self.moment.shape != other.moment.shape:
+            raise ValueError("query statistics of different shapes cannot be combined")
+        self.moment = other.moment.clone() if self.moment is None else self.moment + other.moment
+        self.count += other.count
 
     @property
     def empty(self) -> bool:

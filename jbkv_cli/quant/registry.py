@@ -8,7 +8,7 @@ from typing import Any
 
 from jbkv_cli.quant.kivi import KIVI
 from jbkv_cli.quant.method import KVMethod
-from jbkv_cli.quant.quantwm import QuantWM, QuantWMPSAC, QuantWMQSAC
+from jbkv_cli.quant.quantwm import QuantWM, QuantWMBase, QuantWMPSAC, QuantWMQSAC
 from jbkv_cli.quant.quarot import QuaRot
 from jbkv_cli.quant.qvg import QVG
 from jbkv_cli.quant.rtn import RTN, RTNNearest
@@ -56,6 +56,7 @@ for _cls in (
     QuantWM,
     QuantWMQSAC,
     QuantWMPSAC,
+    QuantWMBase,
     TurboQuantMSE,
     TurboQuantProd,
 ):

@@ -69,3 +69,33 @@ def test_noise_model_check_near_uniform_prediction():
     # measured error variance within 25% of the uniform model's prediction; mean ≈ 0
     assert 0.75 < stats["measured_var"] / stats["predicted_var"] < 1.25
     assert abs(stats["z_mean"]) < 0.05
+
+
+def test_token_selection_shift_counts_queries_whose_top1_token_changed():
+    """A constructed case (QuantWM's Table 4 metric): cached keys A = (1, 0), B = (0, 1) are
+    read back as A' = (0.9, 0), B; the current chunk's key is (0.95, −1). Query (4, 0) picks A
+    (4 vs 3.8) with full precision, the current token (3.6 vs 3.8) with A'; (4, 3.9) picks A
+    (4 vs 3.9), then B; (0, 4) and (3.9, 4) pick B either way: a shift of 2/4."""
+    q = torch.tensor([[4.0, 0.0], [0.0, 4.0], [4.0, 3.9], [3.9, 4.0]]).view(1, 1, 4, 2)
+    k_ref = torch.tensor([[1.0, 0.0], [0.0, 1.0]]).view(1, 1, 2, 2)
+    k_hat = torch.tensor([[0.9, 0.0], [0.0, 1.0]]).view(1, 1, 2, 2)
+    k_cur = torch.tensor([[0.95, -1.0]]).view(1, 1, 1, 2)
+    v = torch.zeros(1, 1, 2, 2)
+    cached = CachedKV(k_hat, v, k_ref=k_ref, v_ref=v)
+    stats = compare_attention(q, k_cur, v[..., :1, :], cached, 1.0, "none", block=3)
+    assert stats.top1_shift.tolist() == [1.0, 0.0, 1.0, 0.0]
+    rec = AttentionRecorder(every=1)
+    rec.observe(q, k_cur, v[..., :1, :], cached, 1.0, "none")
+    assert rec.summary()["token_shift"] == 0.5
+    same = CachedKV(k_ref, v, k_ref=k_ref, v_ref=v)
+    assert compare_attention(q, k_cur, v[..., :1, :], same, 1.0, "none").top1_shift.sum() == 0
+
+
+def test_token_selection_shift_is_recorded_for_a_quantized_cache():
+    q, kc, vc, k, v = _attention_problem(2)
+    rec = AttentionRecorder(max_queries=128, every=1)
+    cache = ChunkKVCache(KVSpec.build("rtn", 2), observer=rec)
+    cache.commit(kc, vc)
+    cache.attend(q, k, v, scale=1 / 8)
+    shift = rec.summary()["token_shift"]
+    assert 0.0 < shift < 1.0  # INT2 moves some queries' top-1 token, not all

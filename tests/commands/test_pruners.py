@@ -161,7 +161,7 @@ def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "120"}
     env.pop("JBKV_DEBUG", None)
     argv = [JBKV, *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=cwd, env=env)
 
 
 USAGE_ERRORS = [

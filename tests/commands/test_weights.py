@@ -58,7 +58,7 @@ def env(tmp_path: Path, local_server) -> dict[str, str]:
 
 def jbkv(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(JBKV), "weights", *args], env=env, capture_output=True, text=True, timeout=120
+        [str(JBKV), "weights", *args], env=env, capture_output=True, text=True, timeout=900
     )
 
 

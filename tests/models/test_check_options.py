@@ -53,7 +53,7 @@ def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
     args += ["-o", "self-forcing.config=tiny-random", "-o", "self-forcing.steps=0"]
     args += ["--prompt", "a red circle moves right on a dark background", "--out", "o"]
     env = {k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"}
-    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines() == [
         "error: self-forcing: steps must be an integer in 1..1000, got '0'"

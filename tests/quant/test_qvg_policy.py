@@ -55,7 +55,7 @@ def test_bad_policy_options_are_usage_errors(tmp_path, option, match):
         [JBKV, "quantize-eval", "--quantizers", "qvg", "-M", option, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
     )
     assert result.returncode == 2, result.stderr
     assert match in result.stderr and "Traceback" not in result.stderr
@@ -79,7 +79,7 @@ def test_spans_with_a_pruner_are_a_usage_error(tmp_path):
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
     )
     assert result.returncode == 2, result.stderr
     assert "not implemented for pruned caches" in result.stderr

@@ -219,7 +219,7 @@ def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, raw_server
         "JBKV_WEIGHTS_MANIFEST": str(manifest),
     }
     result = subprocess.run(
-        [JBKV, "weights", "fetch", "all"], env=env, capture_output=True, text=True, timeout=120
+        [JBKV, "weights", "fetch", "all"], env=env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, result.stderr

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
-from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.kv import cache_attend
@@ -218,13 +219,14 @@ class Magi1VideoModel:
     @torch.no_grad()
     def generate(
         self,
-        prompt: str,
+        case: Case | str,
         seed: int,
         kv: KVSpec,
         *,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
     ) -> Video:
+        prompt = text_case(case, self.name).prompt
         result = self.sample_latents(prompt, seed, kv, progress, observer)
         frames = self.decode(result.latents)
         info = {

@@ -39,10 +39,11 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.cases import Case
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
-from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
     WAN_OPTIONS,
@@ -310,7 +311,7 @@ class SelfForcing(WanHeads):
 
     def generate(
         self,
-        prompt: str,
+        case: Case | str,
         seed: int,
         kv: KVSpec,
         *,
@@ -318,6 +319,7 @@ class SelfForcing(WanHeads):
         observer: AttentionObserver | None = None,
     ) -> Video:
         """Generate one video; the noise depends only on (prompt, seed, settings)."""
+        prompt = text_case(case, self.name).prompt
         latents, cache_info = self.generate_latents(
             prompt, seed, kv, progress=progress, observer=observer
         )

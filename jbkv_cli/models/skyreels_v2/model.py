@@ -35,10 +35,11 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.cases import Case
 from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
-from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.diffusers_wan import (
     WAN_OPTIONS,
     WanHeads,
@@ -297,7 +298,7 @@ class SkyReelsV2(WanHeads):
 
     def generate(
         self,
-        prompt: str,
+        case: Case | str,
         seed: int,
         kv: KVSpec,
         *,
@@ -305,6 +306,7 @@ class SkyReelsV2(WanHeads):
         observer: AttentionObserver | None = None,
     ) -> Video:
         """Generate one video; the initial noise depends only on (prompt, seed, settings)."""
+        prompt = text_case(case, self.name).prompt
         latents, cache_info = self.generate_latents(
             prompt, seed, kv, progress=progress, observer=observer
         )

@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.limits import CHUNKS, DEVICE, MAX_CHUNKS, PATH, STEPS
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
@@ -71,7 +72,7 @@ class TinyVideoModel:
 
     def generate(
         self,
-        prompt: str,
+        case: Case | str,
         seed: int,
         kv: KVSpec,
         *,
@@ -79,6 +80,7 @@ class TinyVideoModel:
         observer: AttentionObserver | None = None,
     ) -> Video:
         """One video of ``num_chunks * frames_per_chunk`` frames; same noise for every ``kv``."""
+        prompt = text_case(case, self.name).prompt
         kv = self.resolve_kv(kv)
         parsed = parse_prompt(prompt)
         noise = draw_noise(self.model, self.sampler.num_chunks, seed, prompt)

@@ -34,7 +34,7 @@ def installed_run(tmp_path_factory):
         pytest.skip(f"no installed jbkv next to {sys.executable}")
     out = tmp_path_factory.mktemp("sf") / "run"
     argv = [str(jbkv), "generate", *TINY, "--bits", "2", "--correct", "--prompt", "a cat"]
-    result = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     return out, result
 

@@ -1,0 +1,123 @@
+"""HY-WorldPlay's AR rollout over jbkv's caches (``_ar_rollout_inner``, few-step AR path).
+
+1. The text pass, once per video: every block's text K/V into the text caches.
+2. For chunk ``c`` (4 latents): when its memory list (``plan[c]``, :mod:`.retrieval`) is not
+   empty, the memory pass: those clean latents, with their own condition channels, actions and
+   cameras, at timestep 14 and RoPE time positions 0..M-1, through every block; each block's
+   memory K/V are committed (and quantized) there.
+3. Four denoising forwards of the chunk at time positions M..M+3, timestep ``1000 sigma_i``,
+   each reading ``[text | memory | current]``; Euler ``x += v (sigma_{i+1} - sigma_i)`` in
+   float32, the latents kept in the model dtype between steps (as upstream keeps bf16).
+
+``uncached=True`` runs step 3 as :meth:`~.dit.WorldPlayDiT.full_forward` (memory recomputed
+inside every forward under the block mask, no cache at all): the reference the tests hold the
+cached loop to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache import KVSpec
+from jbkv_cli.models.base import ProgressFn
+from jbkv_cli.models.hy_worldplay.config import Schedule
+from jbkv_cli.models.hy_worldplay.dit import Latents, WorldPlayDiT
+from jbkv_cli.models.hy_worldplay.memory import WorldPlayCache
+from jbkv_cli.models.hy_worldplay.trajectory import Trajectory
+
+
+@dataclass
+class Conditions:
+    """What a case conditions on, computed once: the text tokens ``txt`` ``[1, L, C]`` and
+    ``vec_txt`` ``[1, C]`` (:meth:`~.dit.WorldPlayDiT.embed_text`), the condition latents
+    ``cond`` ``[1, C_lat + 1, T, h, w]`` (the image latent on latent 0, then the mask
+    channel), the trajectory and the memory plan (one index list per chunk)."""
+
+    txt: torch.Tensor
+    vec_txt: torch.Tensor
+    cond: torch.Tensor
+    trajectory: Trajectory
+    plan: list[list[int]]
+
+
+def _latents(x, cond, idx, t: float, traj: Trajectory) -> Latents:
+    index = torch.as_tensor(idx, dtype=torch.long)
+    return Latents(
+        x=torch.cat([x, cond[:, :, index]], dim=1),
+        t=torch.full((len(idx),), float(t), device=x.device),
+        action=traj.actions[index].to(x.device),
+        w2c=traj.w2c[index].to(x.device),
+        ks=traj.intrinsics[index].to(x.device),
+    )
+
+
+@torch.no_grad()
+def rollout(
+    dit: WorldPlayDiT,
+    cond: Conditions,
+    noise: torch.Tensor,
+    schedule: Schedule,
+    kv: KVSpec,
+    *,
+    quantize_text: bool = False,
+    observer: AttentionObserver | None = None,
+    backend: str | None = None,
+    progress: ProgressFn | None = None,
+    uncached: bool = False,
+    on_step: Any = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The clean latents ``[1, C, T, h, w]`` (model dtype) and facts about the cache.
+
+    ``on_step(chunk, step, latents_in, velocity)`` (tests) sees every denoising forward."""
+    chunk = schedule.chunk_latents
+    frames = noise.shape[2]
+    chunks = frames // chunk
+    sigmas = schedule.sigmas()
+    cache = WorldPlayCache(
+        kv,
+        len(dit.double_blocks),
+        quantize_text=quantize_text,
+        observer=observer,
+        backend=backend,
+    )
+    if not uncached:
+        dit.text_pass(cond.txt, cond.vec_txt, cache.store_text)
+        cache.measure()
+    latents = noise.to(dit.dtype).clone()
+    traj = cond.trajectory
+    for c in range(chunks):
+        idx = cond.plan[c]
+        memory = None
+        if idx:
+            x_mem = latents[:, :, torch.as_tensor(idx, dtype=torch.long)]
+            memory = _latents(x_mem, cond.cond, idx, schedule.memory_timestep, traj)
+            if not uncached:
+                cache.memory_pass = True
+                dit.vision_pass(memory, 0, cache.attend, final=False)
+                cache.memory_pass = False
+                cache.measure()
+        current = list(range(c * chunk, (c + 1) * chunk))
+        for i in range(schedule.steps):
+            t = sigmas[i] * schedule.num_train_timesteps
+            x = latents[:, :, c * chunk : (c + 1) * chunk]
+            lat = _latents(x, cond.cond, current, t, traj)
+            if uncached:
+                v = dit.full_forward(cond.txt, cond.vec_txt, memory, lat)
+            else:
+                v = dit.vision_pass(lat, len(idx), cache.attend)
+            if on_step is not None:
+                on_step(c, i, x, v)
+            x = x.float() + v * (sigmas[i + 1] - sigmas[i])
+            latents[:, :, c * chunk : (c + 1) * chunk] = x.to(latents.dtype)
+        if progress is not None:
+            progress(c + 1, chunks)
+    info = {
+        "kv_cache_bytes": cache.peak.total,
+        "kv_cache_bytes_by_branch": dict(cache.peak.by_part),
+        "memory_latents": [len(p) for p in cond.plan],
+    }
+    return latents, info
