@@ -296,9 +296,13 @@ _SECONDARY = _REDUNDANT | {
     "top-1 shift ↓",
 }  # eff. bits: size
 _BARE = frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S", "Δlog Z"})
+_SPARE = frozenset({"KV MB", "s/video", "pred/Δ"})  # eff. bits and KV/ref say the size
 LAYOUTS = (
     Layout(),
+    Layout(_SPARE),
     Layout(_REDUNDANT),
+    Layout(_REDUNDANT | _SPARE),
+    Layout(_SECONDARY),
     Layout(_REDUNDANT, "±"),
     Layout(_REDUNDANT | {"s/video", "pred/Δ"}, "±"),
     Layout(_SECONDARY, "±"),
