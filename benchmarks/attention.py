@@ -1,7 +1,10 @@
 """Cost of the correction: fused/flex/dense-mask corrected attention vs uncorrected, one run.
 
 Ratios are measured side by side in one process (best of N), because these machines are noisy.
-Also: quantize throughput (GB/s of BF16 input) and measured cache bytes vs a BF16 cache.
+Also: the ``signed`` correction in the same fused form (on RTN keys, where it is taylor's
+channels, and on TurboQuant-MSE keys, which it also unshrinks), the padding floor (plain SDPA
+with the head dim padded by the ``G`` channels the fused form adds), quantize throughput (GB/s
+of BF16 input) and measured cache bytes vs a BF16 cache.
 
     python benchmarks/attention.py [--repeats 5] [--quick]
 """
@@ -14,10 +17,12 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
 from jbkv_cli.attention import CachedKV, attend
+from jbkv_cli.attention.attend import sdpa
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import quantize_kv
 
@@ -77,6 +82,18 @@ def run(d: int, heads: int, lq: int, lc: int, repeats: int, group: int = 32) -> 
             repeats,
         )
         row[f"{name}_ratio"] = t / base
+    signed = best_of(lambda: attend(q, k, v, cached, scale=scale, correction="signed"), repeats)
+    row["signed_ratio"] = signed / base
+    tq = CachedKV.from_quantized(*(quantize_kv(t, 2, group, "turboquant-mse") for t in (kc, vc)))
+    tq_base = best_of(lambda: attend(q, k, v, tq, scale=scale, correction="none"), repeats)
+    tq_signed = best_of(lambda: attend(q, k, v, tq, scale=scale, correction="signed"), repeats)
+    tq_taylor = best_of(lambda: attend(q, k, v, tq, scale=scale, correction="taylor"), repeats)
+    row["tq_signed_ratio"], row["tq_taylor_ratio"] = tq_signed / tq_base, tq_taylor / tq_base
+    groups = cached.k_step.shape[-1]
+    padded = [F.pad(t, (0, groups)) for t in (q, kk, vv)]
+    row["padded_floor_ratio"] = best_of(lambda: sdpa(*padded, scale), repeats) / best_of(
+        lambda: sdpa(q, kk, vv, scale), repeats
+    )
     fn, why = compiled_flex(q, kk, vv, cached, scale)
     row["flex_compiled_ratio"] = best_of(fn, repeats) / base if fn else None
     row["flex_compiled_note"] = why
@@ -108,7 +125,10 @@ def main() -> None:
     for col in (
         "d",
         "uncorrected ms",
+        "padded SDPA",
         "fused/unc",
+        "signed/unc",
+        "TQ-MSE taylor | signed",
         "dense mask/unc",
         "flex eager/unc",
         "flex compiled/unc",
@@ -124,14 +144,17 @@ def main() -> None:
         table.add_row(
             str(r["d"]),
             f"{r['uncorrected_s'] * 1e3:.1f}",
+            fmt(r["padded_floor_ratio"]),
             fmt(r["fused_ratio"]),
+            fmt(r["signed_ratio"]),
+            f"{fmt(r['tq_taylor_ratio'])} | {fmt(r['tq_signed_ratio'])}",
             fmt(r["reference_ratio"]),
             fmt(r.get("flex_ratio", r.get("flex_eager_ratio"))),
             fmt(r["flex_compiled_ratio"]),
             f"{r['quantize_gb_s']:.2f}",
             f"{r['cache_ratio']:.4f}",
         )
-    Console(width=150).print(table)
+    Console(width=190).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -151,11 +151,12 @@ def attention_demo(
         title=f"Synthetic attention (random q/K; {cached} cached + {current} current "
         "tokens, 4 heads, d=64) — not a video model"
     )
-    for col in ("variant", "eff. bits", "ΔP_S", "JSD", "output MSE", "noise var meas/pred"):
+    cols = ("variant", "eff. bits", "ΔP_S", "Δlog Z", "pred/Δ", "JSD", "output MSE")
+    for col in (*cols, "noise var meas/pred"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for quantizer, method in METHODS.items():
         for bits in (b for b in (4, 2) if b in method.SUPPORTED_BITS):
-            for correction in ("none", "taylor", "exact"):
+            for correction in ("none", "taylor", "exact", "signed"):
                 row = synthetic_row(KVSpec.build(quantizer, bits, correction=correction), cfg)
                 # a method keeping every cached token exact (KIVI's residual) records nothing
                 pred = row.get("noise_predicted_var")
@@ -166,8 +167,15 @@ def attention_demo(
                     *(
                         "—" if v is None else format(v, f)
                         for v, f in zip(
-                            (row["delta_ps"], row["jsd"], row["out_mse"], ratio),
-                            ("+.4f", ".2e", ".2e", ".3f"),
+                            (
+                                row["delta_ps"],
+                                row.get("lp_shift"),
+                                row.get("lp_ratio"),
+                                row["jsd"],
+                                row["out_mse"],
+                                ratio,
+                            ),
+                            ("+.4f", "+.4f", "+.2f", ".2e", ".2e", ".3f"),
                             strict=True,
                         )
                     ),

@@ -20,6 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from jbkv_cli import distributed
 from jbkv_cli.attention import AttentionRecorder
+from jbkv_cli.attention.correction import get_correction
+from jbkv_cli.bit_specs import BitPair
 from jbkv_cli.cases import Case
 from jbkv_cli.console import err, visible
 from jbkv_cli.errors import JbkvError
@@ -42,7 +44,7 @@ ABLATIONS: dict[str, dict[str, bool]] = {
 
 
 def build_matrix(
-    bits: Iterable[int],
+    bits: Iterable[int | BitPair],
     quantizers: Iterable[str],
     corrections: Iterable[str],
     group_sizes: Iterable[int],
@@ -52,7 +54,9 @@ def build_matrix(
 ) -> list[KVSpec]:
     """The reference plus every quantized combination, then the ablations (uncorrected).
 
-    ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
+    ``bits``: widths, or :class:`~jbkv_cli.bit_specs.BitPair` key and value widths
+    (16: that side exact; values-only pairs get the uncorrected variant alone, ablations come
+    with plain widths). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
     {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
     quantized combination (not the ablations).
@@ -63,14 +67,19 @@ def build_matrix(
     for q in quantizers:
         for g in group_sizes:
             for b in bits:
-                if b not in METHODS[q].SUPPORTED_BITS:
+                kb, vb = (b, b) if isinstance(b, int) else (b.key, b.value)
+                if any(w != 16 and w not in METHODS[q].SUPPORTED_BITS for w in (kb, vb)):
                     continue
                 kw = options.get(q, {})
                 for p in chosen:
                     for c in corrections:
-                        specs.append(KVSpec.build(q, b, g, c, pruner=p, **kw))
+                        if kb == 16 and get_correction(c).active:
+                            continue  # a correction reads quantized keys
+                        specs.append(KVSpec.build(q, kb, g, c, pruner=p, value_bits=vb, **kw))
+                if kb != vb:
+                    continue  # the ablations are of a plain width
                 for a in ablations:
-                    specs.append(KVSpec.build(q, b, g, "none", **ABLATIONS[a], **kw))
+                    specs.append(KVSpec.build(q, kb, g, "none", **ABLATIONS[a], **kw))
     return list(dict.fromkeys(specs))
 
 
@@ -285,6 +294,12 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
             idx = torch.linspace(0, dps.numel() - 1, HISTOGRAM_SAMPLES).long()
             dps = dps[idx]
         record["delta_ps_samples"] = [round(float(x), 6) for x in dps]
+        # per observed attention call (a block of queries of one layer): the cached
+        # log-partition shift and the part the correction predicts (attention/partition.py)
+        record["partition_samples"] = [
+            [layer, round(shift, 6), round(predicted, 6)]
+            for layer, shift, predicted in rec.partition
+        ]
     run.save_video(vid, name, video, record)
     return record
 

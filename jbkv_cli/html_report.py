@@ -35,7 +35,7 @@ from jbkv_cli import __version__
 from jbkv_cli.atomic import atomic_path, write_text_atomic
 from jbkv_cli.drift import drift_series
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.report import lpips_note, table_cells
+from jbkv_cli.report import format_stat, lpips_note, table_cells
 from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir, video_name
 
@@ -91,6 +91,7 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
         _table(rows),
         f'<p class="note">LPIPS n/a: {_bdi(note)}</p>' if note else "",
         _gains(data.get("correction_gains") or []),
+        _partition(rows),
         "<h2>Figures</h2>",
         _figures(out_dir),
         "<h2>Drift over time</h2>",
@@ -138,6 +139,8 @@ _SORT_KEYS = {
     "SSIM ↑": lambda r: r.mean("ssim"),
     "LPIPS ↓": lambda r: r.mean("lpips"),
     "ΔP_S": lambda r: r.mean("delta_ps"),
+    "Δlog Z": lambda r: r.mean("lp_shift"),
+    "pred/Δ": lambda r: r.mean("lp_ratio"),
     "top-1 shift ↓": lambda r: r.mean("token_shift"),
     "KV MB": lambda r: r.kv_cache_bytes,
     "KV/ref": lambda r: r.kv_ratio,
@@ -199,6 +202,34 @@ def _gains(gains: list[ResultRow]) -> str:
             f"PSNR {d['mean']:+.2f}{_e(se)} dB paired{rec}</li>"
         )
     return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+def _partition(rows: list[ResultRow]) -> str:
+    """The measured bias per variant: the cached log-partition shift of the stored keys, the
+    part the correction predicts, what it leaves, and their ratio (attention/partition.py)."""
+    shown = [r for r in rows if r.lp_shift is not None]
+    if not shown:
+        return ""
+    cols = ("Δlog Z measured", "predicted", "left", "predicted / measured")
+    head = "".join(f'<th scope="col">{_e(c)}</th>' for c in cols)
+    body = []
+    for r in shown:
+        cells = [
+            format_stat(getattr(r, m), 4, True) for m in ("lp_shift", "lp_predicted", "lp_left")
+        ]
+        cells.append(format_stat(r.lp_ratio, 2, True))
+        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
+        body.append(f'<tr><td class="text">{_bdi(r.label)}</td>{tds}</tr>')
+    return (
+        "<h2>The measured bias</h2>"
+        '<p class="meta">Per observed attention call (a block of queries of one layer): '
+        "log Σ<sub>cached</sub> exp(τ q·k̂) − log Σ<sub>cached</sub> exp(τ q·k), k the exact "
+        "keys; the part the variant's correction predicts (it removes), what is left, and "
+        "predicted / measured (1: exact, above 1: over-corrected, below 0: the wrong sign). "
+        "Mean ± SE over videos.</p>"
+        f'<table class="sortable" id="partition"><thead><tr><th class="text">variant</th>{head}'
+        f"</tr></thead>\n<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def _figures(out_dir: Path) -> str:

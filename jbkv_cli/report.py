@@ -27,6 +27,8 @@ from jbkv_cli.run_schema import BIG, vbench_problem
 from jbkv_cli.runs import RunDir, video_name
 from jbkv_cli.tables import print_fitted
 
+LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/partition.py
+
 
 def reference_bits(run: RunDir) -> int:
     """Bits per cached element of the reference: 16 for BF16/FP16, 32 for FP32 runs."""
@@ -111,6 +113,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 out_mse=Stat.of([d.get("out_mse") for d in diag]),
                 noise_var_ratio=Stat.of([_noise_ratio(d) for d in diag]),
                 noise_z_mean=Stat.of([d.get("noise_z_mean") for d in diag]),
+                **{m: Stat.of([d.get(m) for d in diag]) for m in LP_METRICS},
                 kv_cache_bytes=None if kv is None else round(kv.mean),
                 seconds=Stat.of([r["seconds"] for r in records]),
                 videos=len(records),
@@ -119,6 +122,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 pruner=spec.pruner.name if spec.pruner is not None else "none",
                 kv_ratio=ratio,
                 kv_bytes_by_head=_bytes_by_head(records),
+                value_bits=spec.value.bits if spec.mixed else None,
                 token_shift=Stat.of([d.get("token_shift") for d in diag]),
             )
         )
@@ -142,6 +146,13 @@ def _label(spec, run: RunDir, reference: bool) -> str:
     if spec.method is None:  # pruned only: stored as the model gave it
         return spec.label.replace("16-bit", reference_label(run), 1)
     return spec.label
+
+
+def _bits_cell(row: ResultRow) -> str:
+    """``4``, or ``K4V2`` where keys and values are stored at different widths."""
+    if row.value_bits is None or row.value_bits == row.bits:
+        return str(row.bits)
+    return f"K{row.bits}V{row.value_bits}"
 
 
 def _storage_note(spec, run: RunDir) -> str:
@@ -228,6 +239,11 @@ def _fmt(
     return text + (f"{sep}{m.se:.{digits}f}" if m.se is not None and sep is not None else "")
 
 
+def format_stat(m: Stat | None, digits: int, signed: bool = False) -> str:
+    """``mean ± se`` of a metric, ``—`` when there is none (the HTML page's cells)."""
+    return _fmt(m, digits, signed)
+
+
 def _best(rows: list[ResultRow], key: str, lower: bool, absolute: bool = False) -> str | None:
     cands = [
         (r.mean(key), r.variant) for r in rows if not r.is_reference and r.mean(key) is not None
@@ -248,6 +264,8 @@ COLUMNS = (
     "SSIM ↑",
     "LPIPS ↓",
     "ΔP_S",
+    "Δlog Z",
+    "pred/Δ",
     "top-1 shift ↓",
     "KV MB",
     "KV/ref",
@@ -270,17 +288,29 @@ class Layout:
 
 
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
-_SECONDARY = _REDUNDANT | {"KV MB", "KV/ref", "s/video", "top-1 shift ↓"}  # eff. bits: size
+_SECONDARY = _REDUNDANT | {
+    "KV MB",
+    "KV/ref",
+    "s/video",
+    "pred/Δ",
+    "top-1 shift ↓",
+}  # eff. bits: size
+_BARE = frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S", "Δlog Z"})
+_SPARE = frozenset({"KV MB", "s/video", "pred/Δ"})  # eff. bits and KV/ref say the size
 LAYOUTS = (
     Layout(),
+    Layout(_SPARE),
     Layout(_REDUNDANT),
+    Layout(_REDUNDANT | _SPARE),
+    Layout(_SECONDARY),
     Layout(_REDUNDANT, "±"),
-    Layout(_REDUNDANT | {"s/video"}, "±"),
+    Layout(_REDUNDANT | {"s/video", "pred/Δ"}, "±"),
     Layout(_SECONDARY, "±"),
-    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓"})),
-    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S"})),
+    Layout(_SECONDARY, "±", frozenset({"SSIM ↑", "LPIPS ↓", "Δlog Z"})),
+    Layout(_SECONDARY, "±", _BARE),
+    Layout(_SECONDARY | {"Δlog Z"}, "±", _BARE),
 )
-"""From the full table (160 columns) down to the most compact (usable at 80)."""
+"""From the full table (190 columns) down to the most compact (usable at 80)."""
 
 
 def table_cells(
@@ -314,13 +344,15 @@ def table_cells(
         full = {
             "variant": r.label,
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
-            "bits": str(round(eff / r.kv_ratio)) if unquantized else str(r.bits),
+            "bits": str(round(eff / r.kv_ratio)) if unquantized else _bits_cell(r),
             "eff. bits": "—" if eff is None else f"{eff:.3f}",
             "corrected": "—" if ref else (r.correction if r.corrected else "no"),
             "PSNR ↑ dB": "ref" if ref else fmt("PSNR ↑ dB", r.psnr, 2),
             "SSIM ↑": "ref" if ref else fmt("SSIM ↑", r.ssim, 4),
             "LPIPS ↓": "ref" if ref else lp,
             "ΔP_S": "—" if ref else fmt("ΔP_S", r.delta_ps, 4, signed=True),
+            "Δlog Z": "—" if ref else fmt("Δlog Z", r.lp_shift, 4, signed=True),
+            "pred/Δ": "—" if ref or r.lp_ratio is None else f"{r.lp_ratio.mean:+.2f}",
             "top-1 shift ↓": "—" if ref else fmt("top-1 shift ↓", r.token_shift, 4),
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
             "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
@@ -450,6 +482,7 @@ def to_csv(rows: list[ResultRow]) -> str:
         "kv_ratio",
     ]
     metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", "token_shift"]
+    metrics += LP_METRICS
     writer = csv.writer(buf)
     writer.writerow(
         fields

@@ -51,6 +51,7 @@ class Stat:
 
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
 METRICS += ("noise_z_mean", "seconds", "token_shift")
+METRICS += ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,14 @@ class ResultRow:
     pruner: str = "none"  # the KV pruner's name (none: every cached token kept)
     kv_ratio: float | None = None  # kv_cache_bytes / the reference's, measured
     kv_bytes_by_head: dict[str, int] | None = None  # pruned: peak bytes per head class
+    # the cached log-partition shift of the stored keys (attention/partition.py), per video the
+    # mean over observed calls: measured, the part the correction predicts, what it leaves, and
+    # Σ predicted / Σ measured (1: exact; > 1 over-corrects; < 0 the wrong sign)
+    lp_shift: Stat | None = None
+    lp_predicted: Stat | None = None
+    lp_left: Stat | None = None
+    lp_ratio: Stat | None = None
+    value_bits: int | None = None  # the values' width when it differs from the keys' (``bits``)
     token_shift: Stat | None = None  # share of queries whose top-1 token changed (QuantWM T. 4)
 
     @property
@@ -133,6 +142,7 @@ class ResultRow:
         kw["corrected"], kw["bias_only"] = bool(kw["corrected"]), bool(kw["bias_only"])
         kw["pruner"] = kw["pruner"] if isinstance(kw["pruner"], str) else "none"
         kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
+        kw["value_bits"] = kw["value_bits"] if type(kw["value_bits"]) is int else None
         return cls(**kw)
 
 

@@ -144,7 +144,7 @@ REFUSED = [
     (
         ("generate", "--correction", "[bold]x"),
         2,
-        "--correction must be taylor or exact, got '[bold]x'",
+        "--correction must be taylor, exact or signed, got '[bold]x'",
     ),
     (("report", "x[/]"), 1, "x[/] is not a jbkv run directory"),
     (("fidelity", "[/]", "[/]"), 1, "[/]"),

@@ -4,7 +4,9 @@ One entry point, :func:`attend`, and three backends behind a registry by name:
 
 - ``fused`` (default): the augmented-channel form of the Taylor correction
   (:func:`~jbkv_cli.attention.correction.augment_taylor`) through SDPA; no ``[Lq, Lk]`` tensor.
-- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor bias on cached keys.
+  The signed correction is the same bilinear form with other channel values
+  (:func:`~jbkv_cli.attention.correction.bilinear_channels`), so it runs the same way.
+- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor (or signed) bias.
 - ``reference``: a dense float mask ``[B, Hq, Lq, Lk]`` through SDPA (tests and tiny shapes).
 
 The exact correction (and the bias-only ablation, which *adds* the exact bias) is not a bilinear
@@ -35,15 +37,17 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
+    NO_NOISE_VAR,
     Correction,
     augment_keys,
     augment_queries,
+    bilinear_channels,
     build_augmented,
     get_correction,
     group_sq_norms,
@@ -62,7 +66,10 @@ class CachedKV:
     precision; None when no cached key is quantized). ``rotation``: keys were quantized in the
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
-    (None: all); attention masks the others.
+    (None: all); attention masks the others. ``k_step2`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
+    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, 12 × the
+    variance of their unshrunk noise, zeros for exact keys, and ``unshrink``, None for all ones;
+    both None when not gathered).
     """
 
     k: torch.Tensor
@@ -72,6 +79,8 @@ class CachedKV:
     k_ref: torch.Tensor | None = None
     v_ref: torch.Tensor | None = None
     valid: torch.Tensor | None = None
+    k_step2: torch.Tensor | None = None
+    k_unshrink: torch.Tensor | None = None
     key_rotation: KeyRotation | None = None
 
     @property
@@ -80,7 +89,17 @@ class CachedKV:
 
     @classmethod
     def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
-        return cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+        kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+        kv.k_step2, kv.k_unshrink = k.noise_step2, k.unshrink
+        return kv
+
+    def unshrunk(self) -> CachedKV:
+        """The view with ``k`` multiplied by ``k_unshrink`` (itself when there is none): what the
+        signed correction attends with."""
+        if self.k_unshrink is None:
+            return self
+        k = (self.k.float() * self.k_unshrink.to(self.k.device)).to(self.k.dtype)
+        return replace(self, k=k, k_unshrink=None)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask=None, causal=False):
@@ -147,10 +166,11 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
 
 def cached_bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
     """The bias ``[..., Hq, Lq, Lc]`` of ``cached``'s keys in ``method`` (``taylor``, ``exact``,
-    ``none``), with their rotation or, from a pre-RoPE cache, their RoPE where it matters."""
+    ``variance``, ``none``), with their rotation or, from a pre-RoPE cache, their RoPE where it
+    matters."""
     if needs_pair_terms(cached.k_step, q.shape[-1], cached.key_rotation, method):
-        return rope_bias(q, cached.k_step, scale, method, cached.key_rotation)
-    return jensen_bias(q, cached.k_step, scale, method, cached.rotation)
+        return rope_bias(q, cached.k_step, scale, method, cached.key_rotation, cached.k_step2)
+    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_step2)
 
 
 def masked(
@@ -192,29 +212,39 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
     return k, v
 
 
-def _fused(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
+def _fused(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form="taylor", causal=False
+) -> torch.Tensor:
+    channels = None
+    if form != "taylor":
+        channels = bilinear_channels(form, cached.k_step, cached.k_step2, scale, sign)
     if causal:
-        ka, va = augment_keys(cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign)
+        ka, va = augment_keys(
+            cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign, channels
+        )
         groups, rotation = cached.k_step.shape[-1], cached.rotation
         dropped = key_mask(cached, q, ka.shape[-2])
         augment = lambda qb: augment_queries(qb, groups, rotation)  # noqa: E731
         return causal_sdpa(q, ka, va, cached.num_tokens, scale, dropped, augment)
     qa, ka, va = build_augmented(
-        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign
+        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign, channels
     )
     return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
 
-def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
+def _flex(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form="taylor", causal=False
+) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     k, v = concat_kv(cached, k_cur, v_cur)
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
     qn2 = group_sq_norms(q, groups, cached.rotation)  # [B, Hq, Lq, G]
-    d2 = cached.k_step.float().square()  # [B, Hkv, Lc, G]
-    lc = cached.num_tokens
+    # bias = coef Σ_j ‖q_j‖² d2_ij with d2 = Δ² (taylor) or the keys' w = 12 v (signed)
+    d2 = cached.k_step.float().square() if form == "taylor" else cached.k_step2.float()
     coef = sign * scale * scale / 24.0
+    lc = cached.num_tokens
     drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
     if cached.valid is not None:
         drop.masked_fill_(~cached.valid.to(q.device), -torch.inf)
@@ -233,9 +263,11 @@ def _flex(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=F
     return out
 
 
-def _reference(q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, causal=False):
+def _reference(
+    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form="taylor", causal=False
+) -> torch.Tensor:
     k, v = concat_kv(cached, k_cur, v_cur)
-    return masked(q, k, v, cached, scale, "taylor", sign, block=None, causal=causal)
+    return masked(q, k, v, cached, scale, form, sign, block=None, causal=causal)
 
 
 BACKENDS: dict[str, Callable[..., torch.Tensor]] = {
@@ -303,11 +335,12 @@ def attend(
 ) -> torch.Tensor:
     """``softmax(τ q [k̂_cached | k_cur]ᵀ − b) [v̂_cached | v_cur]`` -> ``[B, Hq, Lq, D]``.
 
-    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``none``, or ``bias-only``,
-    which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys are
-    concatenated cached-first. ``causal``: query ``i`` sees the current keys ``0..i`` only
-    (needs ``Lq`` equal to the current keys; see the module docstring). All steps zero (Δ = 0,
-    nothing quantized) is exactly the uncorrected path: the bias is zero.
+    ``b`` is the Jensen bias (``correction``: ``taylor``, ``exact``, ``signed``, ``none``, or
+    ``bias-only``, which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys
+    are concatenated cached-first. ``signed`` reads ``cached.k_step2`` (``ValueError`` without it)
+    and ``cached.k_unshrink``. ``causal``: query ``i`` sees the current keys ``0..i`` only (needs
+    ``Lq`` equal to the current keys; see the module docstring). All steps zero (Δ = 0, nothing
+    quantized) is exactly the uncorrected path: the bias is zero.
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
@@ -321,6 +354,10 @@ def attend(
         if causal:
             return causal_sdpa(q, *concat_kv(cached, k_cur, v_cur), cached.num_tokens, scale, mask)
         return sdpa(q, *concat_kv(cached, k_cur, v_cur), scale, mask)
+    if corr.form == "variance":
+        if cached.k_step2 is None or cached.k_step2.shape != cached.k_step.shape:
+            raise ValueError(NO_NOISE_VAR)
+        cached = cached.unshrunk()  # scores u·τ q·k̂ (centroid-type keys), then subtract b
     if corr.form == "exact" or needs_pair_terms(
         cached.k_step, q.shape[-1], cached.key_rotation, corr.form
     ):
@@ -329,4 +366,4 @@ def attend(
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
-    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign, causal)
+    return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign, corr.form, causal)

@@ -15,12 +15,80 @@ Shapes: ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` with ``G = D/g``; GQA
 head ``h`` to KV head ``h // (Hq/Hkv)``. With a rotation ``R`` the noise lives in the rotated
 basis, so ``q`` is replaced by ``R q`` before grouping.
 
+**Not every quantizer adds noise: the signed correction.** Both forms above assume *additive*
+noise, ``k̂ = k + e`` with ``e`` independent of ``k``. Write ``e = k̂ − k`` for any method and
+``w_i`` for the softmax of the true scores over the cached tokens. The shift of the cached
+log-partition is
+
+    Δ log Z = log Σ_i exp(τ q·k̂_i) − log Σ_i exp(τ q·k_i) = log Σ_i w_i exp(τ q·e_i)
+            ≈ τ E_w[q·e] + (τ²/2) Var_w(q·e)                  (second order in τ q·e)
+
+- *Additive* (``e`` independent of ``k``): the weights ``w`` do not see ``e``, so ``E_w[q·e] =
+  E[q·e] = 0`` and ``Δ log Z ≈ (τ²/2) qᵀ Var(e) q > 0``: ``E exp(q·k̂)`` is inflated; subtract
+  ``b`` (for uniform noise ``Var(e) = Δ²/12`` per channel: the paper's taylor ``b``).
+- *Centroid type* (``k = k̂ + e'``, ``e' = −e`` uncorrelated with the stored ``k̂``: Lloyd–Max
+  codebooks, k-means centroids, TurboQuant's MSE variant): the same sum written from the stored
+  side, ``Δ log Z = −log Σ_i ŵ_i exp(τ q·e'_i)`` with ``ŵ`` the softmax of the stored scores,
+  which do not see ``e'``; so ``Δ log Z ≈ −(τ²/2) qᵀ Var(e') q < 0``: the true partition sum
+  ``E exp(q·(k̂ + e')) ≥ exp(q·k̂)``, the stored keys *under*-state it, and the variance term must
+  be *added*. Subtracting ``b`` doubles the error.
+- *In general* the weights tilt the key distribution along ``q``; to first order in the tilt
+  (exact for Gaussian keys by Stein's lemma) ``E_w[q·e] ≈ q·E[e] + τ qᵀ Cov(e, k) q``, and
+  ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so
+
+      Δ log Z ≈ τ q·E[e] + (τ²/2) qᵀ [Cov(e, k̂) + Cov(e, k)] q
+              = τ q·E[e] + (τ²/2) qᵀ [Var(k̂) − Var(k)] q,
+
+  ``+Var(e)`` for additive noise, ``−Var(e')`` for centroid noise, and for a *mixed* quantizer
+  (a dead zone shrinks small values to 0, the outer codes round outward) whatever its error
+  energy ``‖e‖² = e·k̂ − e·k`` splits into: the additive part ``e·k̂`` and the centroid part
+  ``−e·k``.
+
+*Why a centroid quantizer needs its gain.* A per-coordinate codebook satisfies the centroid
+condition coordinate by coordinate, not jointly: real keys are correlated across coordinates
+(and have a mean), and then ``Cov(e'_c, k̂_c') ≠ 0`` for ``c ≠ c'``. What holds jointly is its
+regression on the true key: ``E[k̂ | k] = a k`` with ``a = 1 − ρ`` (``ρ`` the relative MSE; for
+TurboQuant exact over its random rotation, :mod:`jbkv_cli.quant.turboquant`), i.e.
+``k̂ = a k + n`` with ``n`` independent of ``k``. Then ``u k̂ = k + n/a`` (``u = 1/a``) is
+additive again, and
+
+    log Σ_i exp(u τ q·k̂_i − (τ²/2) qᵀ Var(n/a) q) ≈ log Σ_i exp(τ q·k_i)
+
+for *any* key covariance and mean. Check on isotropic keys (``Var(k) = σ²I``, mean score
+``μ``, ``V = τ²σ²‖q‖²``): the true scores have variance ``V``, the stored ones ``ŝ = a s + m``
+have ``(1 − ρ)²V + ρ(1 − ρ)V = (1 − ρ)V``, so ``Δ log Z ≈ −ρμ − ρV/2``; the corrected scores
+``u ŝ − ρV/(2(1 − ρ))`` have mean ``μ − ρV/(2(1 − ρ))`` and variance ``V/(1 − ρ)``, i.e. the
+log-partition of the true ones: for zero-mean keys the correction *adds* ``ρV/2 = (τ²/2) qᵀ
+Var(e') q``, the centroid case above. For keys whose variance is concentrated along ``q`` the
+shift is ``−ρ(2 − ρ)(τ²/2) qᵀ Var(k) q`` (plus the mean term ``−ρ τ q·E[k]``), which a
+per-channel variance cannot express (on the embedded model's keys, TurboQuant-MSE at INT2:
+measured shift −0.40, this model −0.41, the per-coordinate cell variance alone −0.10;
+``docs/corrections.md``).
+
+So ``signed`` scores every cached key as
+
+    signed:  u_i τ q·k̂_i − b_i,    b_i = (τ²/2) Σ_j v_ij ‖q_j‖² = (τ²/24) Σ_j w_ij ‖q_j‖²
+
+with ``u`` (``unshrink``) and ``v``, the variance of ``u k̂ − k`` per channel of group ``j``,
+carried as ``w = 12 v`` (``noise_step2``, in units of a uniform step²) from the method's
+declared noise model (:mod:`jbkv_cli.quant.noise`): ``u = 1``, ``w = Δ²`` for additive noise
+(then ``signed`` *is* ``taylor``, operation for operation, so bit for bit); ``u = 1/(1 −
+ρ)``, ``v = ρ/(1 − ρ)·‖k‖²/d`` for centroid noise (TurboQuant-MSE: from its codebook and stored
+norms, nothing extra stored); and for mixed noise ``u = 1`` and the excess variance measured
+when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)`` per chunk, head and group, FP8,
+counted in the bytes; ``v_ij = κ_j Δ_ij²/12``, negative where the centroid part wins). Both
+terms are bilinear in ``(q, k̂)``: the fused kernel carries ``b`` in the same ``G`` extra
+channels as taylor and ``u`` as a scale of the cached keys. Not corrected: the first-order
+term ``τ q·E[e]`` of a biased additive quantizer, and terms beyond second order (the diagnostics
+measure what is left: :mod:`jbkv_cli.attention.partition`).
+
 Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correction`:
 
 - ``none``: scores as the quantized keys give them.
 - ``taylor`` (default): subtract the second-order bias; a bilinear form, so it rides inside any
   attention kernel as extra channels (:func:`augment_taylor`).
 - ``exact``: subtract ``Σ_c log(sinh α/α)``.
+- ``signed``: ``u τ q·k̂ − (τ²/2) Σ_j v_ij ‖q_j‖²`` (above; the same fused form as taylor).
 - ``bias-only`` (an ablation): keep the cache in full precision but *add* the exact bias the
   method's steps predict, isolating the Jensen bias from the rounding noise.
 """
@@ -44,7 +112,7 @@ class Correction:
     """
 
     name: str
-    form: str | None = None  # "taylor", "exact" or None (nothing added)
+    form: str | None = None  # "taylor", "exact", "variance" (signed) or None (nothing added)
     sign: float = -1.0
     quantizes: bool = True
     ablation: bool = False
@@ -67,6 +135,11 @@ CORRECTIONS: dict[str, Correction] = {
         Correction("taylor", "taylor", summary="subtract (τ²/24) Σ_j Δ_ij² ‖q_j‖²"),
         Correction("exact", "exact", summary="subtract Σ_c log(sinh α_ic / α_ic)"),
         Correction(
+            "signed",
+            "variance",
+            summary="subtract (τ²/2) Σ_j s_ij ‖q_j‖², s from the method's noise model",
+        ),
+        Correction(
             "bias-only",
             "exact",
             sign=1.0,
@@ -76,7 +149,7 @@ CORRECTIONS: dict[str, Correction] = {
         ),
     )
 }
-FORMS = ("none", "taylor", "exact")
+FORMS = ("none", "taylor", "exact", "variance")
 
 
 def get_correction(name: str | Correction) -> Correction:
@@ -115,6 +188,44 @@ def taylor_bias(
     qn2 = group_sq_norms(q, step.shape[-1], rotation)  # [..., Hq, Lq, G]
     d2 = _expand_kv_heads(step.float().square(), q.shape[-3])  # [..., Hq, Lk, G]
     return (scale * scale / 24.0) * (qn2 @ d2.transpose(-1, -2))
+
+
+def variance_bias(
+    q: torch.Tensor, noise_step2: torch.Tensor, scale: float, rotation=None
+) -> torch.Tensor:
+    """``b_i = (τ²/2) Σ_j v_ij ‖q_j‖² = (τ²/24) Σ_j w_ij ‖q_j‖²`` (``w = 12 v``, the keys'
+    ``noise_step2``): ``[..., Hq, Lq, D] × [..., Hkv, Lk, G] -> [..., Hq, Lq, Lk]`` (the signed
+    correction's variance term; ``w`` may be negative, then ``b`` is). With ``w = Δ²`` it is
+    :func:`taylor_bias`, operation for operation."""
+    qn2 = group_sq_norms(q, noise_step2.shape[-1], rotation)
+    w = _expand_kv_heads(noise_step2.float(), q.shape[-3])
+    return (scale * scale / 24.0) * (qn2 @ w.transpose(-1, -2))
+
+
+def bilinear_channels(
+    form: str,
+    step: torch.Tensor,
+    noise_step2: torch.Tensor | None,
+    scale: float,
+    sign: float = -1.0,
+) -> torch.Tensor:
+    """The extra key channels ``[..., Lc, G]`` of a bilinear correction: ``τ q'·k'`` gains
+    ``τ Σ_j ‖q_j‖² c_ij`` with ``c = sign·(τ/24)·Δ²`` (taylor) or ``sign·(τ/24)·w`` (signed,
+    ``w`` the keys' ``noise_step2``: ``Δ²`` for additive noise, so the same channels)."""
+    if form == "taylor":
+        return (sign * scale / 24.0) * step.float().square()
+    if form == "variance":
+        if noise_step2 is None:
+            raise ValueError(NO_NOISE_VAR)
+        return (sign * scale / 24.0) * noise_step2.float()
+    raise ValueError(f"{form!r} is not a bilinear correction (taylor, variance)")
+
+
+NO_NOISE_VAR = (
+    "the signed correction needs every quantized cached key's excess variance; a method with "
+    "mixed noise has it only when stored through a cache with the signed correction "
+    "(jbkv_cli.quant.noise.measure_noise)"
+)
 
 
 def log_sinhc(a: torch.Tensor) -> torch.Tensor:
@@ -217,9 +328,11 @@ def jensen_bias(
     scale: float,
     method: str = "taylor",
     rotation: RandomHadamard | None = None,
+    noise_step2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
-    -> ``[..., Hq, Lq, Lk]``; ``method`` is ``taylor``, ``exact`` or ``none`` (zeros)."""
+    -> ``[..., Hq, Lq, Lk]``; ``method`` is a form: ``taylor``, ``exact``, ``variance`` (the
+    signed correction, which reads ``noise_step2`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
     if method not in FORMS:
         raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
@@ -230,6 +343,10 @@ def jensen_bias(
         return taylor_bias(q, step, scale, rotation)
     if method == "exact":
         return exact_bias(q, step, scale, rotation)
+    if method == "variance":
+        if noise_step2 is None:
+            raise ValueError(NO_NOISE_VAR)
+        return variance_bias(q, noise_step2, scale, rotation)
     shape = (*q.shape[:-1], step.shape[-2])
     return torch.zeros(shape, dtype=torch.float32, device=q.device)
 
@@ -278,10 +395,13 @@ def build_augmented(
     scale: float,
     rotation: RandomHadamard | None = None,
     sign: float = -1.0,
+    channels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`augment_taylor` from the cached and current parts, one allocation per tensor
-    (the ``[cached | current]`` concatenation and the extra channels are written together)."""
-    k_aug, v_aug = augment_keys(k_cached, v_cached, k_cur, v_cur, step, scale, sign)
+    (the ``[cached | current]`` concatenation and the extra channels are written together).
+    ``channels`` ``[..., Lc, G]``: the extra key channels of another bilinear correction
+    (:func:`bilinear_channels`; default: taylor's from ``step`` and ``sign``)."""
+    k_aug, v_aug = augment_keys(k_cached, v_cached, k_cur, v_cur, step, scale, sign, channels)
     return augment_queries(q, step.shape[-1], rotation), k_aug, v_aug
 
 
@@ -301,15 +421,19 @@ def augment_keys(
     step: torch.Tensor,
     scale: float,
     sign: float = -1.0,
+    channels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``k'``, ``v'`` of :func:`augment_taylor`: ``[cached | current]`` with ``G`` extra
-    channels, each written once."""
+    channels (taylor's, or ``channels``), each written once."""
     groups, lc, d = step.shape[-1], step.shape[-2], k_cur.shape[-1]
     shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
     k_aug = k_cur.new_empty(shape)
     k_aug[..., :lc, :d] = k_cached
     k_aug[..., lc:, :d] = k_cur
-    k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+    if channels is None:
+        k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+    else:
+        k_aug[..., :lc, d:] = channels
     k_aug[..., lc:, d:] = 0
     v_aug = v_cur.new_empty(shape)
     v_aug[..., :lc, :d] = v_cached

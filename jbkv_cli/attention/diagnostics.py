@@ -8,6 +8,9 @@
 - The noise model itself: cached-score errors ``δ_i = τ q·(k̂_i − k_i)`` against the predicted
   mean 0 and variance ``σ_i² = (τ²/12) Σ_j Δ_ij² ‖q_j‖²``: ``z = δ/σ`` should have mean ≈ 0 and
   variance ≈ 1 if the noise is uniform and independent, as the analysis assumes.
+- The bias itself (:mod:`jbkv_cli.attention.partition`): per observed attention call (one
+  block of queries of one layer) the shift of the cached log-partition the stored keys cause and
+  the shift the active correction predicts (``partition``: ``(layer, shift, predicted)``).
 
 :class:`AttentionRecorder` is an *observer*: hand it to a model's ``generate`` (which hands it to
 every layer's :class:`~jbkv_cli.kvcache.ChunkKVCache`), and each cache feeds it every ``every``-th
@@ -33,6 +36,7 @@ from jbkv_cli.attention.correction import (
     get_correction,
     taylor_bias,
 )
+from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 from jbkv_cli.attention.rope import KeyRotation, rope_taylor_bias
 
 
@@ -50,6 +54,7 @@ class AttentionObserver(Protocol):
         cached: CachedKV,
         scale: float,
         correction: Correction,
+        layer: int | None = None,
     ) -> None: ...
 
 
@@ -133,6 +138,8 @@ class AttentionStats:
     p_s_ref: torch.Tensor  # [N] P_S (full precision)
     jsd: torch.Tensor  # [N]
     out_mse: torch.Tensor  # [N]
+    lp_shift: torch.Tensor | None = None  # [N] cached log-partition shift (stored keys)
+    lp_predicted: torch.Tensor | None = None  # [N] the part the active correction predicts
     top1_shift: torch.Tensor | None = None  # [N] 1.0 where the top-1 token changed, else 0.0
 
 
@@ -159,29 +166,43 @@ def compare_attention(
     k_ref = torch.cat([cached.k_ref.float(), k_cur.float()], -2)
     v_ref = torch.cat([cached.v_ref.float(), v_cur.float()], -2)
     v_hat, v_ref = (_expand_kv_heads(t, q.shape[-3]) for t in (v_hat, v_ref))
-    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    partition = corr.quantizes and cached.k_step is not None
+    parts: list[list[torch.Tensor]] = [[], [], [], [], [], []]
     shifts: list[torch.Tensor] = []
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
-        bias = None
+        s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
+        added = None
         if cached.k_step is not None and corr.active:
-            bias = corr.sign * cached_bias(qb, cached, scale, corr.form)
+            added = corr.sign * cached_bias(qb, cached, scale, corr.form)
+            if corr.form == "variance" and cached.k_unshrink is not None:  # u·ŝ − b
+                u = _expand_kv_heads(cached.k_unshrink.float(), q.shape[-3]).transpose(-1, -2)
+                added = added + (u - 1) * s_hat[..., :lc]
         dropped = key_mask(cached, qb.float(), lc)
+        bias = added
         if dropped is not None:
             bias = dropped if bias is None else bias + dropped
-        allowed = None
+        if partition:  # over the cached keys only: causality masks current keys, not these
+            cut = None if dropped is None else dropped[..., :lc]
+            shift, predicted = log_partition_shift(s_hat[..., :lc], s_ref[..., :lc], added, cut)
+            parts[4].append(shift.flatten())
+            parts[5].append(predicted.flatten())
+        if bias is not None:
+            s_hat[..., :lc] += bias
         if query_index is not None:
             last = lc + query_index[start : start + block].to(q.device)
             allowed = torch.arange(k_hat.shape[-2], device=q.device)[None, :] <= last[:, None]
-        p_hat = attention_rows(qb, k_hat, scale, bias, allowed)
-        p_ref = attention_rows(qb, k_ref, scale, allowed=allowed)
+            s_hat = s_hat.masked_fill(~allowed, float("-inf"))
+            s_ref = s_ref.masked_fill(~allowed, float("-inf"))
+        p_hat, p_ref = s_hat.softmax(-1), s_ref.softmax(-1)
         o_hat, o_ref = p_hat @ v_hat, p_ref @ v_ref
         parts[0].append(p_hat[..., :lc].sum(-1).flatten())
         parts[1].append(p_ref[..., :lc].sum(-1).flatten())
         parts[2].append(jsd(p_hat, p_ref).flatten())
         parts[3].append((o_hat - o_ref).square().mean(-1).flatten())
         shifts.append(top1_shift(p_hat, p_ref).flatten())
-    return AttentionStats(*(torch.cat(p) for p in parts), top1_shift=torch.cat(shifts))
+    stats = (torch.cat(p) if p else None for p in parts)
+    return AttentionStats(*stats, top1_shift=torch.cat(shifts))
 
 
 @dataclass
@@ -194,20 +215,29 @@ class AttentionRecorder:
     causal: bool = False  # queries see the current keys up to their own position (LLM prefill)
     stats: list[AttentionStats] = field(default_factory=list)
     noise: list[dict[str, float]] = field(default_factory=list)
+    # per observed call (a block of queries of one layer): (layer, shift, predicted), means
+    # over the block's queries and heads (jbkv_cli.attention.partition); layer -1 if unknown
+    partition: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
 
-    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction) -> None:
+    def observe(
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction, layer=None
+    ) -> None:
         start = time.perf_counter()
-        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction))
+        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction), layer)
         self.seconds += time.perf_counter() - start
 
-    def _observe(self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction) -> None:
+    def _observe(
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction, layer=None
+    ) -> None:
         stride = max(1, -(-q.shape[-2] // self.max_queries))
         qs = q[..., ::stride, :]
         index = torch.arange(0, q.shape[-2], stride) if self.causal else None
-        self.stats.append(
-            compare_attention(qs, k_cur, v_cur, cached, scale, corr, query_index=index)
-        )
+        stats = compare_attention(qs, k_cur, v_cur, cached, scale, corr, query_index=index)
+        self.stats.append(stats)
+        if stats.lp_shift is not None:
+            shift, predicted = float(stats.lp_shift.mean()), float(stats.lp_predicted.mean())
+            self.partition.append((-1 if layer is None else int(layer), shift, predicted))
         if self.noise_model and cached.k_step is not None and corr.quantizes:
             self.noise.append(
                 score_noise(
@@ -249,4 +279,6 @@ class AttentionRecorder:
         if self.noise:
             for key in self.noise[0]:
                 out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)
+        if self.partition:
+            out |= partition_summary(self.partition)
         return out

@@ -43,7 +43,13 @@ from typing import Literal
 
 import torch
 
-from jbkv_cli.attention.correction import _expand_kv_heads, log_sinhc, taylor_bias
+from jbkv_cli.attention.correction import (
+    NO_NOISE_VAR,
+    _expand_kv_heads,
+    log_sinhc,
+    taylor_bias,
+    variance_bias,
+)
 
 Pairs = Literal["interleaved", "half"]
 PAIRS: tuple[str, ...] = ("interleaved", "half")
@@ -129,18 +135,26 @@ def _check(q: torch.Tensor, step: torch.Tensor, rot: KeyRotation) -> None:
 
 
 def rope_taylor_bias(
-    q: torch.Tensor, step: torch.Tensor, scale: float, rot: KeyRotation
+    q: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    rot: KeyRotation,
+    step2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Taylor bias of pre-RoPE keys (module docstring, with the pair terms):
-    ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` -> ``[..., Hq, Lq, Lk]``."""
+    ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` -> ``[..., Hq, Lq, Lk]``. ``step2``
+    (same shape) replaces ``Δ²`` per group: the signed correction's ``w = 12 v``
+    (:func:`~jbkv_cli.attention.correction.variance_bias`; the derivation holds for any
+    per-channel noise variance, ``w`` may be negative)."""
     _check(q, step, rot)
     dim = q.shape[-1]
+    sq = step.float().square() if step2 is None else step2.float()
     if whole_pairs(step.shape[-1], dim, rot.pairs):
-        return taylor_bias(q, step, scale)
+        return variance_bias(q, sq, scale) if step2 is not None else taylor_bias(q, step, scale)
     c0, c1 = (c.to(q.device) for c in pair_channels(dim, rot.pairs))
     qf = q.float()
     q0, q1 = qf[..., c0], qf[..., c1]  # [..., Hq, Lq, P]
-    d0, d1 = (_expand_kv_heads(d.square(), q.shape[-3]) for d in _pair_steps(step, dim, rot.pairs))
+    d0, d1 = (_expand_kv_heads(d, q.shape[-3]) for d in _pair_steps(sq, dim, rot.pairs))
     s, t = 0.5 * (d0 + d1), 0.5 * (d0 - d1)  # [..., Hq, Lk, P]
     cos, sin = rot.cos.float().to(q.device), rot.sin.float().to(q.device)
     cos2, sin2 = cos.square() - sin.square(), 2.0 * sin * cos  # [Lk, P]
@@ -182,13 +196,23 @@ def rope_exact_bias(
 
 
 def rope_bias(
-    q: torch.Tensor, step: torch.Tensor, scale: float, form: str, rot: KeyRotation
+    q: torch.Tensor,
+    step: torch.Tensor,
+    scale: float,
+    form: str,
+    rot: KeyRotation,
+    step2: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The bias of pre-RoPE keys in ``form`` (``taylor``, ``exact``; ``none``: zeros)."""
+    """The bias of pre-RoPE keys in ``form`` (``taylor``, ``exact``, ``variance``: the signed
+    correction's, reading ``step2``; ``none``: zeros)."""
     if form == "taylor":
         return rope_taylor_bias(q, step, scale, rot)
     if form == "exact":
         return rope_exact_bias(q, step, scale, rot)
+    if form == "variance":
+        if step2 is None:
+            raise ValueError(NO_NOISE_VAR)
+        return rope_taylor_bias(q, step, scale, rot, step2)
     if form != "none":
-        raise ValueError(f"form must be taylor, exact or none, got {form!r}")
+        raise ValueError(f"form must be taylor, exact, variance or none, got {form!r}")
     return torch.zeros((*q.shape[:-1], step.shape[-2]), dtype=torch.float32, device=q.device)

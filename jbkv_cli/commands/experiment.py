@@ -13,6 +13,7 @@ import typer
 
 from jbkv_cli import distributed
 from jbkv_cli.atomic import check_writable_dir, write_text_atomic
+from jbkv_cli.bit_specs import parse_bit_list, side_bits
 from jbkv_cli.cases import Case
 from jbkv_cli.commands.options import (
     CLI_CORRECTIONS,
@@ -265,11 +266,19 @@ def generate(
         int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8 (per method), or 16.")
     ] = 16,
     bf16: Annotated[bool, typer.Option("--bf16", help="Same as --bits 16.")] = False,
+    key_bits: Annotated[
+        int | None,
+        typer.Option("--key-bits", help="Bits of the cached keys (default --bits; 16: exact)."),
+    ] = None,
+    value_bits: Annotated[
+        int | None,
+        typer.Option("--value-bits", help="Bits of the cached values (default --bits; 16: exact)."),
+    ] = None,
     correct: Annotated[
         bool, typer.Option("--correct/--no-correct", help="Apply the Jensen-bias correction.")
     ] = False,
     correction: Annotated[
-        str, typer.Option(help="Correction used by --correct: taylor or exact.")
+        str, typer.Option(help="Correction used by --correct: taylor, exact or signed.")
     ] = "taylor",
     quantizer: Annotated[
         str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")
@@ -313,10 +322,11 @@ def generate(
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
     _check_model(model)
     bits = 16 if bf16 else bits
-    if bits not in (2, 3, 4, 8, 16):
-        raise UsageError(f"--bits must be one of 2, 3, 4, 8, 16, got {bits}")
-    if correction not in ("taylor", "exact"):
-        raise UsageError(f"--correction must be taylor or exact, got {shown(correction)}")
+    pair = side_bits(bits, key_bits, value_bits)
+    active = [c for c in CLI_CORRECTIONS if c != "none"]
+    if correction not in active:
+        choices = f"{', '.join(active[:-1])} or {active[-1]}"
+        raise UsageError(f"--correction must be {choices}, got {shown(correction)}")
     if quantizer not in method_names():
         raise UsageError(
             f"--quantizer must be one of {', '.join(method_names())}, got {shown(quantizer)}"
@@ -325,20 +335,28 @@ def generate(
     pruner = _pruner(pruner_name, options)
     if pruner is not None and ablation:
         raise UsageError("--pruner goes with full variants, not with --ablation")
-    if bits == 16 and (correct or ablation):
+    if pair.key == pair.value == 16 and (correct or ablation):
         raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
+    if correct and pair.key == 16:
+        raise UsageError("--correct needs quantized keys (--key-bits 2/3/4/8)")
+    if ablation is not None and not pair.uniform:
+        raise UsageError(
+            "--ablation goes with one --bits for keys and values, not --key-bits/--value-bits"
+        )
     if ablation is not None and ablation not in ABLATIONS:
         raise UsageError(f"--ablation must be one of {', '.join(ABLATIONS)}, got {shown(ablation)}")
     if ablation == "bias-only" and correct:
         raise UsageError("--ablation bias-only adds the bias; it cannot be --correct-ed")
     if group_size < 1:
         raise UsageError(f"--group-size must be a positive channel count, got {group_size}")
-    if bits == 16:
+    if pair.key == pair.value == 16:
         spec = FULL_PRECISION if pruner is None else KVSpec(pruner=pruner)
     else:
         kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
         corr = correction if correct else "none"
-        spec = _spec(quantizer, bits, group_size, corr, pruner=pruner, **kw)
+        spec = _spec(
+            quantizer, pair.key, group_size, corr, pruner=pruner, value_bits=pair.value, **kw
+        )
     opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
     items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts, image)
     distributed.setup(device)
@@ -359,7 +377,11 @@ def quantize_eval(
         list[str] | None, typer.Option("--model", "-m", help="Model(s) to evaluate (repeatable).")
     ] = None,
     bits: Annotated[
-        str | None, typer.Option(help="Bit widths [default: 2,4; --frontier: 2,3,4].")
+        str | None,
+        typer.Option(
+            help="Bit widths, or K<bits>V<bits> for keys and values apart (16: that side "
+            "exact), e.g. 4,K4V2,K2V16 [default: 2,4; --frontier: 2,3,4]."
+        ),
     ] = None,
     group_sizes: Annotated[
         str | None,
@@ -428,7 +450,7 @@ def quantize_eval(
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
     sweep = FRONTIER if frontier else DEFAULT_GRID
-    bit_list = parse_list(bits or sweep["bits"], (2, 3, 4, 8), "bits", int)
+    bit_list = parse_bit_list(bits or sweep["bits"])
     groups = parse_group_sizes(group_sizes or sweep["group_sizes"])
     names_all = method_names()
     quantizers = quantizers or sweep["quantizers"]

@@ -59,10 +59,18 @@ from jbkv_cli.kvcache.spans import Span, SpanSlice, held_spans, span_members
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.prune.base import LayerPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
+from jbkv_cli.quant.noise import MIXED, measure_noise
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import QuantizedTensor, RawTensor, Segmented, zero_steps
+from jbkv_cli.quant.tensor import (
+    QuantizedTensor,
+    RawTensor,
+    Segmented,
+    unit_unshrink,
+    zero_noise_step2,
+    zero_steps,
+)
 
 
 @dataclass
@@ -131,6 +139,7 @@ class ChunkKVCache:
         self.window = window
         self.keep_view = keep_view
         self.observer = observer
+        self.layer: int | None = None  # the model's layer index, for diagnostics (layer_caches)
         self._calls = 0
         self.chunks: list[_Chunk] = []
         self.committed = 0
@@ -151,6 +160,11 @@ class ChunkKVCache:
             return None
         return self.spec.key if role == "key" else self.spec.value
 
+    @property
+    def _signed(self) -> bool:
+        """The variant reads the keys' excess variance (the signed correction)."""
+        return self.spec.correction_.form == "variance"
+
     def _store(self, method: KVMethod, x: torch.Tensor, role: Role) -> QuantizedTensor:
         if method.needs_queries:
             stored = method.quantize(x, role, self.queries)
@@ -158,6 +172,8 @@ class ChunkKVCache:
             stored = method.quantize(x, role)
         if self.rope is not None and role == "key" and stored.rotation is not None:
             raise ValueError(f"{method.label} rotates keys: it cannot store them before RoPE")
+        if role == "key" and self._signed and stored.noise_model == MIXED:
+            stored = measure_noise(x, stored)  # κ per group, FP8, counted in nbytes
         return stored
 
     def _groups(self, role: Role) -> int:
@@ -393,6 +409,11 @@ class ChunkKVCache:
         any_step = self.spec.bias_only or any(t.quantized for t in keys)
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
+        if step is not None and self._signed:
+            var = [zero_noise_step2(t, groups) for t in keys]
+            view.k_step2 = None if any(s is None for s in var) else torch.cat(var, dim=-2)
+            if any(t.unshrink is not None for t in keys):
+                view.k_unshrink = torch.cat([unit_unshrink(t) for t in keys], dim=-2)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
@@ -423,18 +444,22 @@ class ChunkKVCache:
         parts = []
         for c in chunks:
             if c.pruned is not None:
-                parts.append((*c.pruned.dense(groups), c.pruned.kept))
+                parts.append((*c.pruned.dense(groups, self._signed), c.pruned.kept))
                 continue
             keys = c.sides["key"].stored(groups)
             valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=c.device)
             k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
-            parts.append((k, v, zero_steps(keys, groups), keys.rotation, valid))
-        k, v, steps, rotations, valid = zip(*parts, strict=True)
+            var = (zero_noise_step2(keys, groups), unit_unshrink(keys)) if self._signed else None
+            parts.append((k, v, zero_steps(keys, groups), keys.rotation, var, valid))
+        k, v, steps, rotations, noise, valid = zip(*parts, strict=True)
         quantized = self.spec.key is not None and self.spec.quantized
         step = torch.cat(steps, dim=-2) if quantized else None
         rotation = next((r for r in rotations if r is not None), None)
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
         view.valid = torch.cat(valid, dim=-1)
+        if step is not None and self._signed and all(n[0] is not None for n in noise):
+            view.k_step2 = torch.cat([n[0] for n in noise], dim=-2)
+            view.k_unshrink = torch.cat([n[1] for n in noise], dim=-2)
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
@@ -466,7 +491,7 @@ class ChunkKVCache:
             and (cached.k_step is not None or cached.valid is not None)
             and self._calls % obs.every == 0
         ):
-            obs.observe(q, k_cur, v_cur, cached, scale, correction)
+            obs.observe(q, k_cur, v_cur, cached, scale, correction, layer=self.layer)
         return out
 
 

@@ -50,9 +50,12 @@ def layer_caches(
     plans: list = [None] * layers
     if spec.pruner is not None:
         plans = spec.pruner.plans(model, layers, kv_heads, frame_tokens)
-    return [
+    caches = [
         ChunkKVCache(spec, window, observer=observer, pruning=plan, rope=rope) for plan in plans
     ]
+    for index, cache in enumerate(caches):
+        cache.layer = index  # the diagnostics record per layer
+    return caches
 
 
 def nbytes_by_kind(caches: Iterable[ChunkKVCache]) -> dict[str, int]:

@@ -17,9 +17,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
+from jbkv_cli.quant.noise import MeasuredNoise
 from jbkv_cli.quant.qvg import QVGTensor
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor, RawTensor
+from jbkv_cli.quant.tensor import (
+    GroupQuantized,
+    QuantizedTensor,
+    RawTensor,
+    unit_unshrink,
+    zero_noise_step2,
+)
+from jbkv_cli.quant.turboquant import TurboQuantMSETensor, TurboQuantProdTensor
 
 Store = Callable[[Role, torch.Tensor], QuantizedTensor]
 """``store(role, x [n, D])``: how the cache stores kept tokens (a method, or exactly)."""
@@ -29,7 +37,9 @@ def take_tokens(t: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
     """The tokens ``index`` (dim −2) of a stored tensor, codes and scales as stored.
 
     Formats that store each token on its own: :class:`RawTensor`, :class:`GroupQuantized` (RTN,
-    QuaRot) and :class:`QVGTensor` (its codebook is shared and kept). ``TypeError`` otherwise.
+    QuaRot), :class:`QVGTensor` (its codebook is shared and kept), TurboQuant's tensors, and a
+    :class:`MeasuredNoise` around one of these (its per-chunk ``κ`` is kept). ``TypeError``
+    otherwise.
     """
     index = index.to(device=next(iter(t.stored().values())).device, dtype=torch.long)
     shape = torch.Size((*t.shape[:-2], index.numel(), t.shape[-1]))
@@ -38,6 +48,15 @@ def take_tokens(t: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
     if isinstance(t, GroupQuantized):
         data, step, zero = (x.index_select(-2, index) for x in (t.data, t.step_fp8, t.zero))
         return replace(t, data=data, step_fp8=step, zero=zero, shape=shape)
+    if isinstance(t, MeasuredNoise):
+        return replace(t, inner=take_tokens(t.inner, index))
+    if isinstance(t, TurboQuantProdTensor):
+        rows = (t.codes, t.norm, t.signs, t.residual_norm)
+        codes, norm, signs, gamma = (x.index_select(-2, index) for x in rows)
+        return replace(t, codes=codes, norm=norm, signs=signs, residual_norm=gamma, shape=shape)
+    if isinstance(t, TurboQuantMSETensor):
+        codes, norm = (x.index_select(-2, index) for x in (t.codes, t.norm))
+        return replace(t, codes=codes, norm=norm, shape=shape)
     if isinstance(t, QVGTensor):
         return replace(
             t,
@@ -142,13 +161,17 @@ class PrunedChunk:
         return [sum(row[h].nbytes for row in self.lanes) for h in range(self.shape[1])]
 
     def dense(
-        self, groups: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None]:
-        """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation)``: the kept
-        tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones)."""
+        self, groups: int, noise: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None, tuple | None]:
+        """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation, noise)``: the
+        kept tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones);
+        ``noise`` (when asked, else None) the keys' ``(noise_step2, unshrink)`` laid out the same
+        way (zeros and ones elsewhere), or ``(None, None)`` when a lane cannot say."""
         k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         v = torch.zeros_like(k)
         step = torch.zeros((*self.shape[:-1], groups), dtype=torch.float32, device=self.device)
+        var = torch.zeros_like(step) if noise else None
+        unshrink = torch.ones_like(step[..., :1]) if noise else None
         rotation = None
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
@@ -160,4 +183,12 @@ class PrunedChunk:
                 if lane.k.step is not None:
                     step[b, h, pos] = lane.k.step.to(self.device)
                     rotation = rotation or lane.k.rotation
-        return k, v, step, rotation
+                if not noise:
+                    continue
+                lane_var = zero_noise_step2(lane.k, groups)
+                if lane_var is None or var is None:
+                    var = None  # mixed noise not measured: the signed correction refuses
+                    continue
+                var[b, h, pos] = lane_var.to(self.device)
+                unshrink[b, h, pos] = unit_unshrink(lane.k).to(self.device)
+        return k, v, step, rotation, (var, unshrink) if noise else None

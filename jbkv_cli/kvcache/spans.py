@@ -81,6 +81,11 @@ class SpanSlice(QuantizedTensor):
         self.start = self.span.offset(self.serial)
         self.shape = torch.Size((*t.shape[:-2], self.length, t.shape[-1]))
         self.dtype, self.rotation = t.dtype, t.rotation
+        self.noise_model = t.noise_model
+
+    def _tokens(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """This chunk's rows ``[..., length, ·]`` of a per-token tensor of the span."""
+        return None if x is None else x[..., self.start : self.start + self.length, :]
 
     def stored(self) -> dict[str, torch.Tensor]:
         return {}
@@ -90,8 +95,17 @@ class SpanSlice(QuantizedTensor):
 
     @property
     def step(self) -> torch.Tensor | None:
-        step = self.span.tensor.step
-        return None if step is None else step[..., self.start : self.start + self.length, :]
+        return self._tokens(self.span.tensor.step)
+
+    @property
+    def noise_step2(self) -> torch.Tensor | None:
+        """The span's noise model (the signed correction's ``w``; QVG's κ is measured over the
+        whole span at compression) on this chunk's tokens."""
+        return self._tokens(self.span.tensor.noise_step2)
+
+    @property
+    def unshrink(self) -> torch.Tensor | None:
+        return self._tokens(self.span.tensor.unshrink)
 
 
 def held_spans(slices: Sequence[QuantizedTensor]) -> list[Span]:

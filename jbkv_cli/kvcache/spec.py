@@ -4,6 +4,7 @@
     KVSpec.build("quarot", bits=2, correction="taylor")                # the same, by name
     KVSpec()                                                           # the 16-bit reference
     KVSpec.build("rtn", 2, pruner=ForcingKV())                         # INT2 rtn g32 Forcing-KV
+    KVSpec.build("rtn", 4, value_bits=2)               # K INT4 rtn g32 / V INT2 rtn g32
 
 ``key`` and ``value`` are compression methods (:mod:`jbkv_cli.quant`; None keeps that side in
 full precision: the keys-only / values-only ablations), ``correction`` a name from
@@ -75,21 +76,30 @@ class KVSpec:
         bias_only: bool = False,
         sink_chunks: int = 0,
         pruner: KVPruner | None = None,
+        value_bits: int | None = None,
         **options: Any,
     ) -> KVSpec:
         """A variant by method name: ``quantizer`` applied to keys and/or values (after
-        ``pruner``, when given)."""
-        if (quantizer == "none") != (bits == 16):
+        ``pruner``, when given). ``bits`` are the keys' and, unless ``value_bits`` says
+        otherwise, the values' (16 keeps that side in full precision: ``value_bits=16`` is the
+        keys-only variant, ``bits=16`` with ``value_bits`` below 16 values-only)."""
+        value_bits = bits if value_bits is None else value_bits
+        if (quantizer == "none") != (bits == value_bits == 16):
             raise ValueError(
                 "bits=16 goes with quantizer='none' and vice versa "
-                f"(got quantizer={quantizer!r}, bits={bits})"
+                f"(got quantizer={quantizer!r}, bits={bits}, value_bits={value_bits})"
             )
         if quantizer == "none":
             return cls(correction=correction, sink_chunks=sink_chunks, pruner=pruner)
-        method = build_method(quantizer, bits, group_size, **options)
+        method = build_method(quantizer, bits, group_size, **options) if bits != 16 else None
+        value_method = method
+        if value_bits != bits:
+            value_method = None
+            if value_bits != 16:
+                value_method = build_method(quantizer, value_bits, group_size, **options)
         if bias_only:
             correction = "bias-only"
-        key, value = method if keys else None, method if values else None
+        key, value = method if keys else None, value_method if values else None
         return cls(key, value, correction, sink_chunks, pruner)
 
     def for_model(self, model: str, chunk_tokens: int | None = None) -> KVSpec:

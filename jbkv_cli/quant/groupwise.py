@@ -23,9 +23,9 @@ not an error); a group with ``max = min`` stores ``Δ = 0`` and dequantizes to `
 any constant representable in BF16 round-trips bit for bit). A step above 448 (a group range over
 ``448 · (2^B − 1)``) cannot be stored and raises ``ValueError``.
 
-Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1 (little-end first). INT3 packs 8 codes
-into 3 bytes (24 bits, exactly 3 bits per code), so it needs the channel count to be a multiple
-of 8. Storage per element is therefore ``B + (8 + 16)/g`` bits.
+Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1 (little-end first; 1-bit codes, 8 per
+byte). INT3 packs 8 codes into 3 bytes (24 bits, exactly 3 bits per code), so it needs the
+channel count to be a multiple of 8. Storage per element is therefore ``B + (8 + 16)/g`` bits.
 
 FP16 scales (``scales="fp16"``, KIVI's format): the same covering grid with ``z`` rounded down
 and ``Δ`` up to FP16 (10 mantissa bits: a step at most 2⁻¹⁰ too large; subnormal floor 2⁻²⁴),
@@ -165,7 +165,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         word = (blocks << shifts).sum(-1, dtype=torch.int32)  # [..., n/8], 24 bits used
         out = torch.stack([(word >> s) & 0xFF for s in (0, 8, 16)], dim=-1)
         return out.to(torch.uint8).flatten(-2)
-    if bits not in (2, 4):
+    if bits not in (1, 2, 4):  # 1: sign bits (TurboQuant's QJL sketch, its 1-bit codes)
         raise ValueError(f"bits must be one of {RTN_BITS}, got {bits}")
     per_byte = 8 // bits
     if n % per_byte:

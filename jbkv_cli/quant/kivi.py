@@ -57,7 +57,7 @@ from jbkv_cli.fields import option
 from jbkv_cli.quant.groupwise import pack_codes, quantize_groups, unpack_codes
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.rtn import store_groups
-from jbkv_cli.quant.tensor import GroupQuantized, QuantizedTensor
+from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
 
 DEFAULT_RESIDUAL = 128
 MAX_RESIDUAL = 2**20
@@ -76,6 +76,8 @@ class TokenGroupQuantized(QuantizedTensor):
     group_size: int
     scale: torch.Tensor
     zero: torch.Tensor
+
+    noise_model: ClassVar[str] = ADDITIVE  # uniform rounding per channel: s = +Δ²/12
 
     def stored(self) -> dict[str, torch.Tensor]:
         return {"codes": self.data, "scale": self.scale, "zero": self.zero}
@@ -121,6 +123,7 @@ class KIVI(KVMethod):
         "minimum, newest R tokens exact"
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+    noise_model: ClassVar[str] = ADDITIVE
 
     residual: int = option(DEFAULT_RESIDUAL, "int", lo=0, hi=MAX_RESIDUAL)
 

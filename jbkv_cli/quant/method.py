@@ -19,7 +19,7 @@ from jbkv_cli.fields import check_fields, option
 from jbkv_cli.quant.groupwise import check_group_size
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
 
 Role = Literal["key", "value"]
 MAX_GROUP_SIZE = 4096
@@ -45,7 +45,10 @@ class KVMethod:
     Class attributes a subclass sets: ``name`` (registry and CLI name, file-safe),
     ``SUPPORTED_BITS``, ``summary`` (one line for help texts and the README), and
     ``needs_queries`` for a method whose ``_quantize(x, role, queries)`` takes the
-    :class:`~jbkv_cli.quant.queries.QueryStats` of the queries attended with so far.
+    :class:`~jbkv_cli.quant.queries.QueryStats` of the queries attended with so far, and
+    ``noise_model``, how its stored keys relate to the true ones (:mod:`jbkv_cli.quant.noise`;
+    the key tensor it returns declares the same next to its ``step``; a method that does not say
+    gets ``additive (assumed)``).
 
     Every field is declared with :func:`~jbkv_cli.fields.option` (type and bounds, in one
     place); ``__post_init__`` validates them and stores canonical values, so ``-M`` values,
@@ -58,6 +61,7 @@ class KVMethod:
     summary: ClassVar[str] = ""
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 3, 4, 8)
     needs_queries: ClassVar[bool] = False
+    noise_model: ClassVar[str] = ASSUMED
     UNUSED_OPTIONS: ClassVar[tuple[str, ...]] = ()
 
     bits: int = option(2, "int", lo=2, hi=8, cli=False)

@@ -98,7 +98,7 @@ from jbkv_cli.quant.psac import PSACRows, psac_rows
 from jbkv_cli.quant.qsac import channel_weights, qsac_cluster
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.qvg_policy import UNCAPPED_TOKENS_PER_CENTROID
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
 
 
 def quantwm_centroids(k: int, tokens: int, tokens_per_centroid: int) -> tuple[int, bool]:
@@ -132,6 +132,11 @@ class QuantWMTensor(QuantizedTensor):
     @property
     def num_centroids(self) -> int:
         return self.centroids.shape[-2]
+
+    # exact centroids + a coarse affine grid over a peaked residual (at INT2 no level at 0: small
+    # residuals round outward, as RTN's do, but the grid is not fine next to their spread):
+    # neither additive nor centroid type, so measured at commit (jbkv_cli.quant.noise)
+    noise_model: ClassVar[str] = MIXED
 
     @property
     def step(self) -> torch.Tensor:
@@ -167,6 +172,7 @@ class QuantWM(KVMethod):
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = AFFINE_BITS
     needs_queries: ClassVar[bool] = True
+    noise_model: ClassVar[str] = MIXED
     qsac: ClassVar[bool] = True
     psac: ClassVar[bool] = True
 

@@ -108,7 +108,7 @@ from jbkv_cli.quant.kmeans import (
 from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
 from jbkv_cli.quant.policy import SpanPolicy
 from jbkv_cli.quant.qvg_policy import LAYOUTS, effective_centroids, integration, resolved_cap
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
 
 
 def symmetric_levels(bits: int) -> int:
@@ -162,6 +162,10 @@ class QVGTensor(QuantizedTensor):
             "centroids": self.centroids,
         }
 
+    # The dead zone (|r| < Δ/2 -> 0) shrinks values to the centroid 0, the outer codes round
+    # outward: both error types at once, so s is measured at commit (jbkv_cli.quant.noise).
+    noise_model: ClassVar[str] = MIXED
+
     @property
     def step(self) -> torch.Tensor:
         return self.scale.float()
@@ -213,6 +217,7 @@ class QVG(KVMethod):
         "guards and pre-RoPE keys as its integrations"
     )
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+    noise_model: ClassVar[str] = MIXED
 
     group_size: int = option(64, "int", lo=1, hi=MAX_GROUP_SIZE, cli=False)
     stages: int = option(1, "int", lo=0, hi=MAX_STAGES)

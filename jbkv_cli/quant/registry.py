@@ -12,6 +12,7 @@ from jbkv_cli.quant.quantwm import QuantWM, QuantWMBase, QuantWMPSAC, QuantWMQSA
 from jbkv_cli.quant.quarot import QuaRot
 from jbkv_cli.quant.qvg import QVG
 from jbkv_cli.quant.rtn import RTN, RTNNearest
+from jbkv_cli.quant.turboquant import TurboQuantMSE, TurboQuantProd
 
 METHODS: dict[str, type[KVMethod]] = {}
 
@@ -46,5 +47,17 @@ def table_rank(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
-for _cls in (RTN, RTNNearest, QuaRot, KIVI, QVG, QuantWM, QuantWMQSAC, QuantWMPSAC, QuantWMBase):
+for _cls in (
+    RTN,
+    RTNNearest,
+    QuaRot,
+    KIVI,
+    QVG,
+    QuantWM,
+    QuantWMQSAC,
+    QuantWMPSAC,
+    QuantWMBase,
+    TurboQuantMSE,
+    TurboQuantProd,
+):
     register_method(_cls)

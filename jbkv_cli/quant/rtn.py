@@ -19,7 +19,7 @@ import torch
 from jbkv_cli.quant.groupwise import RTN_BITS, pack_codes, quantize_groups
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import GroupQuantized
+from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized
 
 
 def store_groups(
@@ -46,6 +46,7 @@ class RTN(KVMethod):
     summary: ClassVar[str] = "group-wise per-token RTN, covering grid (FP8 step up, BF16 zero down)"
     SUPPORTED_BITS: ClassVar[tuple[int, ...]] = RTN_BITS
     grid: ClassVar[str] = "covering"
+    noise_model: ClassVar[str] = ADDITIVE  # GroupQuantized: uniform rounding, s = +Δ²/12
 
     def _quantize(self, x: torch.Tensor, role: Role) -> GroupQuantized:
         return store_groups(x, self.bits, self.group_size, self.grid)

@@ -8,7 +8,12 @@ reads) and ``step``, the noise model the Jensen-bias correction needs:
                         ε_ic ~ U[−Δ/2, Δ/2] on every channel c of group j (``G`` groups of
                         ``D/G`` channels), in the basis ``rotation`` (None: the original basis)
 
-so the bias is ``b_i = (τ²/24) Σ_j Δ_ij² ‖(R q)_j‖²`` for every method alike. A method whose
+so the bias is ``b_i = (τ²/24) Σ_j Δ_ij² ‖(R q)_j‖²`` for every method alike. Next to ``step``
+each tensor declares its ``noise_model`` (:mod:`jbkv_cli.quant.noise`: additive, centroid or
+mixed; undeclared: ``additive (assumed)``) and from it what the ``signed`` correction reads:
+``unshrink`` (``1/a`` for a stored key that is ``a·k`` plus noise; None: 1) and ``noise_step2``
+(``12 ×`` the variance of that noise after unshrinking: the squared step of uniform noise with
+that variance, ``Δ²`` for additive noise, so the signed correction is then taylor exactly). A method whose
 groups run along tokens (KIVI's per-channel keys) reports ``G = D``; a residual quantizer (QVG)
 reports its residual's steps (its centroids are stored exactly); tokens kept in full precision
 report 0. Subclasses: :class:`RawTensor` (full precision), :class:`GroupQuantized` (group-wise
@@ -19,11 +24,18 @@ head and a full-precision tail), and the methods' own (``kivi.py``, ``qvg.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from jbkv_cli.quant.groupwise import dequantize_groups, unpack_codes
 from jbkv_cli.quant.rotation import RandomHadamard
+
+# How the stored key k̂ relates to the true k (see jbkv_cli.quant.noise, which re-exports these).
+ADDITIVE = "additive"  # k̂ = k + e, e independent of k
+CENTROID = "centroid"  # k = k̂ + e, e uncorrelated with k̂
+MIXED = "mixed"  # both: measured at commit
+ASSUMED = "additive (assumed)"  # not declared: today's additive model
 
 
 class QuantizedTensor:
@@ -32,6 +44,7 @@ class QuantizedTensor:
     shape: torch.Size
     dtype: torch.dtype
     rotation: RandomHadamard | None = None
+    noise_model: str = ASSUMED
 
     def stored(self) -> dict[str, torch.Tensor]:
         """The tensors held in memory, by name (what ``nbytes`` counts)."""
@@ -45,6 +58,26 @@ class QuantizedTensor:
     def step(self) -> torch.Tensor | None:
         """The uniform-noise steps ``[..., L, G]`` (float32), or None for exact storage."""
         return None
+
+    @property
+    def unshrink(self) -> torch.Tensor | None:
+        """``u_i = 1/a_i`` ``[..., L, 1]`` (float32) for a stored key ``k̂ = a k + n`` that shrinks
+        the true one (centroid type); None means 1 (additive and mixed noise)."""
+        return None
+
+    @property
+    def noise_step2(self) -> torch.Tensor | None:
+        """``w_ij = 12 v_ij`` per token and group ``[..., L, G]`` (float32, basis of ``step``),
+        ``v`` the variance per channel of ``u k̂ − k``, from the declared ``noise_model``:
+        ``Δ²`` for additive noise. None for exact storage and for mixed noise that was not
+        measured (:func:`~jbkv_cli.quant.noise.measure_noise`); a centroid-type tensor
+        overrides it."""
+        step = self.step
+        if step is None or self.noise_model == MIXED:
+            return None
+        if self.noise_model not in (ADDITIVE, ASSUMED):
+            raise NotImplementedError(f"{type(self).__name__} must give its {self.noise_model} w")
+        return step.float().square()
 
     @property
     def quantized(self) -> bool:
@@ -95,6 +128,7 @@ class GroupQuantized(QuantizedTensor):
     step_fp8: torch.Tensor
     zero: torch.Tensor
     rotation: RandomHadamard | None = None
+    noise_model: ClassVar[str] = ADDITIVE  # rounding on a fine uniform grid: s = +Δ²/12
 
     def stored(self) -> dict[str, torch.Tensor]:
         return {"codes": self.data, "step": self.step_fp8, "zero": self.zero}
@@ -143,6 +177,40 @@ class Segmented(QuantizedTensor):
         if not any(p.quantized for p in self.parts):
             return None
         return torch.cat([zero_steps(p, self.groups) for p in self.parts], dim=-2)
+
+    @property
+    def noise_model(self) -> str:  # type: ignore[override]
+        return next((p.noise_model for p in self.parts if p.quantized), ASSUMED)
+
+    @property
+    def noise_step2(self) -> torch.Tensor | None:
+        if not any(p.quantized for p in self.parts):
+            return None
+        parts = [zero_noise_step2(p, self.groups) for p in self.parts]
+        return None if any(p is None for p in parts) else torch.cat(parts, dim=-2)
+
+    @property
+    def unshrink(self) -> torch.Tensor | None:
+        if all(p.unshrink is None for p in self.parts):
+            return None
+        return torch.cat([unit_unshrink(p) for p in self.parts], dim=-2)
+
+
+def zero_noise_step2(t: QuantizedTensor, groups: int) -> torch.Tensor | None:
+    """``t.noise_step2``, zeros for exactly stored tokens, None where a quantized ``t`` cannot
+    say (mixed noise not measured)."""
+    if not t.quantized:
+        return zero_steps(t, groups)
+    return t.noise_step2
+
+
+def unit_unshrink(t: QuantizedTensor) -> torch.Tensor:
+    """``t.unshrink``, or ones ``[..., L, 1]`` where a tensor does not shrink."""
+    u = t.unshrink
+    if u is not None:
+        return u
+    device = next(iter(t.stored().values())).device
+    return torch.ones((*t.shape[:-1], 1), dtype=torch.float32, device=device)
 
 
 def zero_steps(t: QuantizedTensor, groups: int) -> torch.Tensor:

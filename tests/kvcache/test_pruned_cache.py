@@ -146,6 +146,26 @@ def test_which_methods_can_be_pruned():
     assert torch.equal(taken.dequantize(), qvg.dequantize()[[5, 70]])
 
 
+def test_signed_correction_reads_the_same_noise_model_through_pruned_lanes():
+    """Keep-everything pruning: TurboQuant-MSE (per-token codes) reads exactly what the unpruned
+    cache reads, unshrink and noise variance included; QVG lanes carry their measured κ."""
+    plain = ChunkKVCache(KVSpec.build("turboquant-mse", 2, correction="signed"), window=2)
+    spec = KVSpec.build("turboquant-mse", 2, correction="signed", pruner=ForcingKVHistory())
+    pruned = _cache(spec, kinds=("dynamic", "dynamic"), retention=1.0)
+    for i in range(3):
+        plain.commit(*_chunk(i))
+        pruned.commit(*_chunk(i))
+    a, b = plain.read(), pruned.read()
+    assert torch.equal(a.k, b.k) and torch.equal(a.k_step2, b.k_step2)
+    assert torch.equal(a.k_unshrink, b.k_unshrink) and float(a.k_unshrink.min()) > 1
+    assert torch.equal(_attend(plain), _attend(pruned))
+    qvg = _cache(KVSpec.build("qvg", 2, correction="signed", pruner=ForcingKVHistory()))
+    qvg.commit(*_chunk(0))
+    view = qvg.read()
+    assert view.k_step2 is not None and view.k_step2.shape == view.k_step.shape
+    assert _attend(qvg).isfinite().all()
+
+
 def _faithful(spec):
     """Two layers of forcing-kv: layer 0 unsplit, layer 1 (static, dynamic) decides."""
     budget = Budget(T, 1, 1, 1, None, 4, 0.33, 1)  # 4 patches of 2 tokens per frame

@@ -107,7 +107,7 @@ def test_zero_steps_in_each_backend(backend):
     kc, vc = torch.randn(1, 2, 13, 32, generator=g), torch.randn(1, 2, 13, 32, generator=g)
     k, v = k[:, :2], v[:, :2]
     cached = CachedKV(kc, vc, torch.zeros(1, 2, 13, 1))
-    out = BACKENDS[backend](q, k, v, cached, 0.2, -1.0, True)
+    out = BACKENDS[backend](q, k, v, cached, 0.2, -1.0, causal=True)
     plain = attend(q, k, v, CachedKV(kc, vc), scale=0.2, correction="none", causal=True)
     assert (out - plain).abs().max() <= 1e-6
 

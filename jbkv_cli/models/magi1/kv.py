@@ -47,4 +47,7 @@ def make_caches(
     spec: KVSpec, num_layers: int, window: int, observer: AttentionObserver | None = None
 ) -> list[ChunkKVCache]:
     """One cache per transformer layer, each holding at most ``window`` regular chunks."""
-    return [ChunkKVCache(spec, window, observer=observer) for _ in range(num_layers)]
+    caches = [ChunkKVCache(spec, window, observer=observer) for _ in range(num_layers)]
+    for index, cache in enumerate(caches):
+        cache.layer = index  # the diagnostics record per layer
+    return caches
