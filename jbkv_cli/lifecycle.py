@@ -17,7 +17,9 @@ signals, and it stays until the process exits. What it does depends on where the
   ignored (under ``torchrun`` a rank gets the terminal's Ctrl-C and then the agent's own signal);
   a third one exits at once (a temp file may then be left; the next run removes it).
 - **exit** (:func:`finished`: the command's outcome is known and was reported): a signal makes
-  the process exit at once with that outcome's code, printing nothing more.
+  the process exit at once with that outcome's code, printing nothing more; after the last
+  atexit handler the signals are ignored, so Python's finalization cannot turn one into a death
+  by signal.
 
 A signal that was ignored when the process started (``nohup``'s SIGHUP, a background job's
 SIGINT) stays ignored.
@@ -31,6 +33,7 @@ to ``PATH`` (``PATH.rankR`` inside a torchrun job) and waits there until a signa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fnmatch
 import os
@@ -86,6 +89,22 @@ def install() -> None:
     for signum in SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _handle)
+    atexit.register(_ignore_after_exit_handlers)  # registered first, so it runs last
+
+
+def _ignore_after_exit_handlers() -> None:
+    """After the last atexit handler, with the outcome decided, ignore the three signals.
+
+    Python's finalization then resets a Python-level handler to the default action, so a
+    signal in the rest of it (freeing torch's modules can take a while) would kill the process
+    by the signal (exit -15) instead of with its own code: under ``torchrun`` the agent sends
+    SIGTERM to every rank as soon as one rank exits, and a rank already leaving with 143 was
+    reported as killed. An ignored signal stays ignored through finalization."""
+    if _state.mode != "exit":
+        return
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is _handle:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _handle(signum: int, _frame: object) -> None:

@@ -375,3 +375,28 @@ def test_failed_threshold_and_gate_print_no_extra_error_line(tmp_path):
 def test_typer_classes_are_the_ones_typer_raises():
     usage, base = _click_classes()
     assert issubclass(typer.BadParameter, usage) and issubclass(usage, base)
+
+
+def test_signals_are_ignored_after_the_last_exit_handler():
+    """Python's finalization resets a Python handler to the default action, so a SIGTERM then
+    (torchrun's agent signals every rank once one exits) killed a rank already leaving with 143
+    (exit -15). After the last atexit handler, with the outcome decided, the signals are
+    ignored; before the outcome is decided nothing changes."""
+    code = (
+        "import atexit, signal, sys\n"
+        "from jbkv_cli import lifecycle\n"
+        "lifecycle.install()\n"
+        "if sys.argv[1] == 'exit': lifecycle.finished(143)\n"
+        "atexit._run_exitfuncs()\n"
+        "print(*(signal.getsignal(s) is signal.SIG_IGN for s in lifecycle.SIGNALS))\n"
+    )
+    for mode, expected in (("exit", "True True True"), ("command", "False False False")):
+        out = subprocess.run(
+            [sys.executable, "-c", code, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=_default_signals,
+            timeout=900,
+        ).stdout.strip()
+        assert out == expected, (mode, out)
