@@ -77,3 +77,10 @@ def cache_free_sampler(model, prompt: str, seed: int, image: torch.Tensor | None
 def cache_free():
     """:func:`cache_free_sampler` (a fixture, as test modules are imported by path)."""
     return cache_free_sampler
+
+
+@pytest.fixture
+def masked_forward():
+    """``_masked_forward(transformer, video, text, per_chunk, k, mask)``: diffusers' stock
+    processors on the whole video under a token mask (the cache-free side of every oracle)."""
+    return _masked_forward

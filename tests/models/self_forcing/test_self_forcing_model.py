@@ -61,27 +61,6 @@ def block_mask(num_chunks: int, window: int | None = None, sink: int = 0) -> tor
     return (k == q) | (earlier & ((k < sink) | recent))
 
 
-def _full_forward(transformer, latents, text, per_chunk, mask):
-    """diffusers' stock processors on the whole video under ``mask``, per-token timesteps."""
-    stock = [b.attn1.get_processor() for b in transformer.blocks]
-
-    class Masked:
-        def __init__(self, processor):
-            self.processor = processor
-
-        def __call__(self, attn, hidden, enc=None, attention_mask=None, rotary=None):
-            return self.processor(attn, hidden, enc, mask[None, None], rotary)
-
-    timestep = torch.tensor(per_chunk).repeat_interleave(K * TOKENS)[None]
-    try:
-        for block, processor in zip(transformer.blocks, stock, strict=True):
-            block.attn1.set_processor(Masked(processor))
-        return transformer(latents, timestep, text, return_dict=False)[0]
-    finally:
-        for block, processor in zip(transformer.blocks, stock, strict=True):
-            block.attn1.set_processor(processor)
-
-
 def _chunk_loop(transformer, latents, text, per_chunk, caches):
     """jbkv's path: one chunk per forward at its own timestep, each forward commits its K/V."""
     context = ChunkContext(caches=caches, commit=True)
@@ -117,11 +96,11 @@ def test_self_forcing_shifted_rotary_rows_of_the_wan_table(tiny):
 # --------------------------------------------------------------------------- oracles
 
 
-def test_self_forcing_chunk_loop_equals_block_causal_full_forward(tiny):
+def test_self_forcing_chunk_loop_equals_block_causal_full_forward(tiny, masked_forward):
     transformer = tiny.transformer
     latents, text, per_chunk = _inputs(4)
     with torch.no_grad():
-        full = _full_forward(transformer, latents, text, per_chunk, block_mask(4))
+        full = masked_forward(transformer, latents, text, per_chunk, K, block_mask(4))
         caches = [ChunkKVCache(FULL_PRECISION) for _ in transformer.blocks]
         loop = _chunk_loop(transformer, latents, text, per_chunk, caches)
     print(f"max |loop - full| = {(loop - full).abs().max().item():.2e}")
@@ -130,13 +109,13 @@ def test_self_forcing_chunk_loop_equals_block_causal_full_forward(tiny):
 
 
 @pytest.mark.parametrize(("window", "sink"), [(2, 1), (1, 0), (1, 2)])
-def test_self_forcing_sink_and_window_equal_a_banded_mask(tiny, window, sink):
+def test_self_forcing_sink_and_window_equal_a_banded_mask(tiny, window, sink, masked_forward):
     """LongLive's cache: sinks keep their absolute RoPE frames, the window slides past them."""
     transformer = tiny.transformer
     latents, text, per_chunk = _inputs(6)
     spec = KVSpec(sink_chunks=sink)
     with torch.no_grad():
-        full = _full_forward(transformer, latents, text, per_chunk, block_mask(6, window, sink))
+        full = masked_forward(transformer, latents, text, per_chunk, K, block_mask(6, window, sink))
         caches = [ChunkKVCache(spec, window) for _ in transformer.blocks]
         loop = _chunk_loop(transformer, latents, text, per_chunk, caches)
     print(f"window {window} sink {sink}: max |loop - full| = {(loop - full).abs().max():.2e}")
@@ -211,7 +190,7 @@ def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch, 
     assert torch.equal(latents, plain)
 
 
-def _recomputing_sampler(model, prompt: str, seed: int) -> torch.Tensor:
+def _recomputing_sampler(model, prompt: str, seed: int, masked_forward) -> torch.Tensor:
     """The sampler without a KV cache: every step runs the whole video so far, finished chunks
     as clean latents at t = 0 and the current chunk at t, under the block-causal mask."""
     s, transformer = model.config, model.components.transformer
@@ -224,7 +203,7 @@ def _recomputing_sampler(model, prompt: str, seed: int) -> torch.Tensor:
         for i, (t, sigma) in enumerate(zip(schedule.timesteps, schedule.sigmas, strict=True)):
             video = torch.cat([*done, x], dim=2)
             mask = block_mask(c + 1, s.window)
-            flow = _full_forward(transformer, video, text, [0.0] * c + [t], mask)[:, :, -K:]
+            flow = masked_forward(transformer, video, text, [0.0] * c + [t], K, mask)[:, :, -K:]
             x0 = (x.double() - sigma * flow.double()).float()
             if i + 1 < len(schedule):
                 noise = torch.randn(1, 16, K, 4, 4, generator=generator)
@@ -233,11 +212,11 @@ def _recomputing_sampler(model, prompt: str, seed: int) -> torch.Tensor:
     return torch.cat(done, dim=2)
 
 
-def test_self_forcing_generate_equals_a_recomputing_sampler(tiny_model):
+def test_self_forcing_generate_equals_a_recomputing_sampler(tiny_model, masked_forward):
     """The whole loop (cache, t = 0 clean-context commits, x₀/re-noise steps, noise order)."""
     with torch.no_grad():
         ours, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-        reference = _recomputing_sampler(tiny_model, "a red ball", 3)
+        reference = _recomputing_sampler(tiny_model, "a red ball", 3, masked_forward)
     print(f"max |cached - recomputed| = {(ours - reference).abs().max():.2e}")
     torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
 
