@@ -34,6 +34,7 @@ from jbkv_cli.commands.options import (
     parse_list,
     parse_method_options,
     parse_seeds,
+    print_gate_outcome,
     read_case_items,
     read_prompt_items,
     with_image,
@@ -674,14 +675,7 @@ def report(
         err.print(f"wrote {p}", highlight=False)
     if base is not None:
         gate = check_baseline(to_json(run, rows), base, tol)
-        if not gate.passed:
-            for p in gate.problems:
-                err.print(plain("gate:", "red") + plain(f" {p}"), highlight=False, soft_wrap=True)
-            raise JbkvError(
-                f"gate failed against {baseline}: {len(gate.problems)} problem(s) above"
-            )
-        passed = plain(f": {gate.summary()} against {baseline}")
-        err.print(plain("gate passed", "green") + passed, highlight=False)
+        print_gate_outcome([] if gate.passed else gate.problems, gate.summary(), baseline)
 
 
 def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:

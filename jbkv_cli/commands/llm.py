@@ -24,6 +24,7 @@ from jbkv_cli.commands.options import (
     parse_group_sizes,
     parse_list,
     parse_method_options,
+    print_gate_outcome,
     resolve_device,
 )
 from jbkv_cli.console import err, out, plain, warn
@@ -310,13 +311,7 @@ def report_llm(
             err.print(f"wrote {p}", highlight=False)
     if base is not None:
         gate = check_baseline(to_json(run, rows), base, tol)
-        if not gate.passed:
-            for p in gate.problems:
-                err.print(plain("gate:", "red") + plain(f" {p}"), highlight=False, soft_wrap=True)
-            raise JbkvError(
-                f"gate failed against {baseline}: {len(gate.problems)} problem(s) above"
-            )
-        err.print(plain("gate passed", "green") + plain(f": {summary(gate)} against {baseline}"))
+        print_gate_outcome([] if gate.passed else gate.problems, summary(gate), baseline)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,8 @@ import typer
 
 from jbkv_cli.attention.correction import CORRECTIONS
 from jbkv_cli.cases import Case, read_case_file, resolve_input
-from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.console import err, plain
+from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.resources import PROMPTS_DIR
 
@@ -298,3 +299,15 @@ def resolve_device(device: str | None) -> str:
     if not (device == "cpu" or device.startswith("cuda")):
         raise UsageError(f"--device must be cpu or cuda[:N], got {device!r}")
     return device
+
+
+def print_gate_outcome(problems: list[str], summary: str, baseline: object) -> None:
+    """The regression gate's outcome on stderr: each problem as a ``gate:`` line, then a
+    :class:`JbkvError` (exit 1); or one ``gate passed: SUMMARY against BASELINE`` line."""
+    if problems:
+        for p in problems:
+            err.print(plain("gate:", "red") + plain(f" {p}"), highlight=False, soft_wrap=True)
+        raise JbkvError(f"gate failed against {baseline}: {len(problems)} problem(s) above")
+    err.print(
+        plain("gate passed", "green") + plain(f": {summary} against {baseline}"), highlight=False
+    )
