@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,57 +12,24 @@ import typer
 
 from jbkv_cli import distributed
 from jbkv_cli.atomic import check_writable_dir, write_text_atomic
-from jbkv_cli.bit_specs import parse_bit_list, side_bits
-from jbkv_cli.cases import Case
-from jbkv_cli.commands.options import (
-    CLI_CORRECTIONS,
-    CasesOpt,
-    DeviceOpt,
-    ImageOpt,
-    MethodOptionOpt,
-    ModelOptionOpt,
-    NumChunksOpt,
-    PromptOpt,
-    PromptsOpt,
-    SeedsOpt,
-    StepsOpt,
-    WeightsOpt,
-    WindowOpt,
-    model_options,
-    parse_group_sizes,
-    parse_list,
-    parse_method_options,
-    parse_seeds,
-    print_gate_outcome,
-    read_case_items,
-    read_prompt_items,
-    with_image,
+from jbkv_cli.commands.groups import (
+    Inputs,
+    ModelFlags,
+    check_load,
+    check_model,
+    load,
+    with_groups,
 )
+from jbkv_cli.commands.options import print_gate_outcome
+from jbkv_cli.commands.variants import CacheFlags, SweepFlags
 from jbkv_cli.console import err, out, plain, warn
-from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.experiment import (
-    ABLATIONS,
-    Scoring,
-    build_matrix,
-    generate_all,
-    open_run,
-    score_fidelity,
-)
+from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.experiment import Scoring, generate_all, open_run, score_fidelity
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
-from jbkv_cli.models.registry import (
-    DEFAULT_MODEL,
-    MODELS,
-    check_cases,
-    check_options,
-    check_prompts,
-    load_model,
-)
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.outputs import check_output_file
-from jbkv_cli.prune.base import KVPruner
-from jbkv_cli.prune.registry import build_pruner, pruner_names
-from jbkv_cli.quant.registry import method_names
 from jbkv_cli.report import (
     build_rows,
     lpips_note,
@@ -73,74 +39,7 @@ from jbkv_cli.report import (
     to_markdown,
 )
 from jbkv_cli.results import ResultRow
-from jbkv_cli.runs import RunDir, check_prompt
-
-
-def _check_model(name: str) -> None:
-    if name not in MODELS:
-        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-
-
-@contextmanager
-def _model_errors(name: str) -> Iterator[None]:
-    """Options a model does not take are usage errors; values it refuses, known failures."""
-    _check_model(name)
-    try:
-        yield
-    except TypeError as exc:
-        raise UsageError(f"model {name!r} does not take these options ({exc})") from exc
-    except ValueError as exc:
-        raise JbkvError(f"model {name!r}: {exc}") from exc
-
-
-def _load(name: str, options: dict[str, Any]) -> VideoModel:
-    with _model_errors(name):
-        return load_model(name, **options)
-
-
-def _check_load(name: str, options: dict[str, Any]) -> None:
-    """Refuse what :func:`_load` would refuse, without building the model."""
-    with _model_errors(name):
-        check_options(name, **options)
-
-
-def _model_options(name: str, *flags: Any) -> dict[str, Any]:
-    return model_options(*flags, model=name, models=tuple(MODELS))
-
-
-def _prompt_items(
-    name: str, prompts: str | None, prompt: list[str] | None, seeds: list[int] | None
-) -> list[tuple[str, list[int]]]:
-    """(prompt, seeds) pairs, every prompt checked for file names (:func:`check_prompt`) and for
-    the model, before anything is created."""
-    items = [(check_prompt(p), s) for p, s in read_prompt_items(prompts, prompt, name, seeds)]
-    check_prompts(name, [p for p, _ in items])
-    return items
-
-
-def _case_items(
-    name: str,
-    prompts: str | None,
-    prompt: list[str] | None,
-    cases: Path | None,
-    seeds: list[int] | None,
-    options: dict[str, Any],
-    image: Path | None = None,
-) -> list[tuple[Case, list[int]]]:
-    """(case, seeds) pairs from ``--cases`` or the prompts, every case's name checked for file
-    names and every case checked by the model with its ``options`` (an image or a trajectory
-    for a text-only model, a trajectory of the wrong length, …), before anything is created."""
-    if cases is None:
-        items = [(Case(p), s) for p, s in _prompt_items(name, prompts, prompt, seeds)]
-    else:
-        items = read_case_items(cases, prompts, prompt, seeds)
-        for case, _ in items:
-            check_prompt(case.name)
-    items = with_image(items, image, cases)
-    with _model_errors(name):
-        check_cases(name, [c for c, _ in items], **options)
-    return items
-
+from jbkv_cli.runs import RunDir
 
 NO_LAYOUT = "its adapter states no head_layout() (models/base.py: PrunableModel)"
 
@@ -198,10 +97,6 @@ def _prunable_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     return [s for s, why in problems.items() if not why]
 
 
-DEFAULT_GRID = {"bits": "2,4", "group_sizes": "32", "quantizers": "rtn,quarot"}
-FRONTIER = {"bits": "2,3,4", "group_sizes": "16,32,64,128", "quantizers": "all"}
-
-
 def _fitting_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     """The sweep's variants this model's heads can hold; the rest are named in a warning."""
     head_dim = model.settings.get("head_dim")
@@ -223,28 +118,6 @@ def _fitting_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     return kept
 
 
-def _spec(*args: Any, **kwargs: Any) -> KVSpec:
-    """:meth:`KVSpec.build`, with a bad combination as a usage error."""
-    try:
-        return KVSpec.build(*args, **kwargs)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _pruner(name: str, options: dict[str, dict[str, Any]]) -> KVPruner | None:
-    """The ``--pruner`` (None for ``none``), its ``-M NAME.KEY=VALUE`` options applied."""
-    if name == "none":
-        return None
-    if name not in pruner_names():
-        raise UsageError(
-            f"--pruner must be none or one of {', '.join(pruner_names())}, got {shown(name)}"
-        )
-    try:
-        return build_pruner(name, **options.get(name, {}))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _summary_line(summary, run: RunDir) -> None:
     rest = (
         f" videos generated, {summary.skipped} already done · "
@@ -259,47 +132,13 @@ def _per_rank(counts: list[int]) -> str:
     return f" · per rank: {', '.join(map(str, counts))}" if len(counts) > 1 else ""
 
 
+@with_groups
 def generate(
     model: Annotated[
         str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")
     ] = DEFAULT_MODEL,
-    bits: Annotated[
-        int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8 (per method), or 16.")
-    ] = 16,
-    bf16: Annotated[bool, typer.Option("--bf16", help="Same as --bits 16.")] = False,
-    key_bits: Annotated[
-        int | None,
-        typer.Option("--key-bits", help="Bits of the cached keys (default --bits; 16: exact)."),
-    ] = None,
-    value_bits: Annotated[
-        int | None,
-        typer.Option("--value-bits", help="Bits of the cached values (default --bits; 16: exact)."),
-    ] = None,
-    correct: Annotated[
-        bool, typer.Option("--correct/--no-correct", help="Apply the Jensen-bias correction.")
-    ] = False,
-    correction: Annotated[
-        str, typer.Option(help="Correction used by --correct: taylor, exact or signed.")
-    ] = "taylor",
-    quantizer: Annotated[
-        str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")
-    ] = "rtn",
-    group_size: Annotated[
-        int, typer.Option("--group-size", "-g", help="Group size of the method (channels).")
-    ] = 32,
-    method_option: MethodOptionOpt = None,
-    pruner_name: Annotated[
-        str,
-        typer.Option("--pruner", help=f"Pruner: none or {', '.join(pruner_names())}."),
-    ] = "none",
-    ablation: Annotated[
-        str | None, typer.Option(help="keys-only, values-only or bias-only.")
-    ] = None,
-    prompts: PromptsOpt = None,
-    prompt: PromptOpt = None,
-    cases: CasesOpt = None,
-    image: ImageOpt = None,
-    seeds: SeedsOpt = None,
+    cache: CacheFlags = CacheFlags(),
+    inputs: Inputs = Inputs(),
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
     ] = None,
@@ -313,55 +152,15 @@ def generate(
         bool,
         typer.Option("--diagnostics/--no-diagnostics", help="Record ΔP_S etc. while generating."),
     ] = True,
-    weights: WeightsOpt = None,
-    num_chunks: NumChunksOpt = None,
-    steps: StepsOpt = None,
-    window: WindowOpt = None,
-    device: DeviceOpt = None,
-    model_option: ModelOptionOpt = None,
+    flags: ModelFlags = ModelFlags(),
 ) -> None:
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
-    _check_model(model)
-    bits = 16 if bf16 else bits
-    pair = side_bits(bits, key_bits, value_bits)
-    active = [c for c in CLI_CORRECTIONS if c != "none"]
-    if correction not in active:
-        choices = f"{', '.join(active[:-1])} or {active[-1]}"
-        raise UsageError(f"--correction must be {choices}, got {shown(correction)}")
-    if quantizer not in method_names():
-        raise UsageError(
-            f"--quantizer must be one of {', '.join(method_names())}, got {shown(quantizer)}"
-        )
-    options = parse_method_options(method_option, (*method_names(), *pruner_names()))
-    pruner = _pruner(pruner_name, options)
-    if pruner is not None and ablation:
-        raise UsageError("--pruner goes with full variants, not with --ablation")
-    if pair.key == pair.value == 16 and (correct or ablation):
-        raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
-    if correct and pair.key == 16:
-        raise UsageError("--correct needs quantized keys (--key-bits 2/3/4/8)")
-    if ablation is not None and not pair.uniform:
-        raise UsageError(
-            "--ablation goes with one --bits for keys and values, not --key-bits/--value-bits"
-        )
-    if ablation is not None and ablation not in ABLATIONS:
-        raise UsageError(f"--ablation must be one of {', '.join(ABLATIONS)}, got {shown(ablation)}")
-    if ablation == "bias-only" and correct:
-        raise UsageError("--ablation bias-only adds the bias; it cannot be --correct-ed")
-    if group_size < 1:
-        raise UsageError(f"--group-size must be a positive channel count, got {group_size}")
-    if pair.key == pair.value == 16:
-        spec = FULL_PRECISION if pruner is None else KVSpec(pruner=pruner)
-    else:
-        kw = ABLATIONS.get(ablation or "", {}) | options.get(quantizer, {})
-        corr = correction if correct else "none"
-        spec = _spec(
-            quantizer, pair.key, group_size, corr, pruner=pruner, value_bits=pair.value, **kw
-        )
-    opts = _model_options(model, weights, num_chunks, steps, window, device, model_option)
-    items = _case_items(model, prompts, prompt, cases, parse_seeds(seeds), opts, image)
-    distributed.setup(device)
-    m = _load(model, opts)
+    check_model(model)
+    spec = cache.spec()
+    opts = flags.options(model)
+    items = inputs.items(model, opts)
+    distributed.setup(flags.device)
+    m = load(model, opts)
     spec = resolve_spec(m, spec)
     _check_specs(m, [spec])
     problem = _prune_problem(m, spec)
@@ -373,56 +172,13 @@ def generate(
     _summary_line(summary, run)
 
 
+@with_groups
 def quantize_eval(
     models: Annotated[
         list[str] | None, typer.Option("--model", "-m", help="Model(s) to evaluate (repeatable).")
     ] = None,
-    bits: Annotated[
-        str | None,
-        typer.Option(
-            help="Bit widths, or K<bits>V<bits> for keys and values apart (16: that side "
-            "exact), e.g. 4,K4V2,K2V16 [default: 2,4; --frontier: 2,3,4]."
-        ),
-    ] = None,
-    group_sizes: Annotated[
-        str | None,
-        typer.Option("--group-sizes", help="Group sizes [default: 32; --frontier: 16,32,64,128]."),
-    ] = None,
-    quantizers: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Methods, a comma list or all ({', '.join(method_names())}) "
-            "[default: rtn,quarot; --frontier: all]."
-        ),
-    ] = None,
-    method_option: MethodOptionOpt = None,
-    corrections: Annotated[
-        str, typer.Option(help=f"Corrections: {','.join(CLI_CORRECTIONS)}.")
-    ] = "none,taylor",
-    pruners: Annotated[
-        str,
-        typer.Option(
-            help=f"Pruners: none,{','.join(pruner_names())}; each one prunes every quantized "
-            "variant and adds its 16-bit pruned variant."
-        ),
-    ] = "none",
-    frontier: Annotated[
-        bool,
-        typer.Option(
-            "--frontier",
-            help="The storage–quality sweep: bits 2,3,4 × group sizes 16,32,64,128 × all "
-            "methods (each where it is defined) × corrections; draws RUN/report/frontier.png.",
-        ),
-    ] = False,
-    ablations: Annotated[
-        str,
-        typer.Option(help="Also run keys-only,values-only,bias-only (comma list; '' for none)."),
-    ] = "",
-    prompts: PromptsOpt = None,
-    prompt: PromptOpt = None,
-    cases: CasesOpt = None,
-    image: ImageOpt = None,
-    seeds: SeedsOpt = None,
+    sweep: SweepFlags = SweepFlags(),
+    inputs: Inputs = Inputs(),
     out_dir: Annotated[
         Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
     ] = Path("runs/quantize-eval"),
@@ -441,53 +197,26 @@ def quantize_eval(
     vbench: Annotated[
         bool, typer.Option("--vbench", help="Also run VBench (needs `jbkv vbench setup`).")
     ] = False,
-    weights: WeightsOpt = None,
-    num_chunks: NumChunksOpt = None,
-    steps: StepsOpt = None,
-    window: WindowOpt = None,
-    device: DeviceOpt = None,
-    model_option: ModelOptionOpt = None,
+    flags: ModelFlags = ModelFlags(),
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
-    sweep = FRONTIER if frontier else DEFAULT_GRID
-    bit_list = parse_bit_list(bits or sweep["bits"])
-    groups = parse_group_sizes(group_sizes or sweep["group_sizes"])
-    names_all = method_names()
-    quantizers = quantizers or sweep["quantizers"]
-    quant_list = (
-        list(names_all)
-        if quantizers.strip() == "all"
-        else parse_list(quantizers, names_all, "quantizers")
-    )
-    corr_list = parse_list(corrections, CLI_CORRECTIONS, "corrections")
-    prune_list = parse_list(pruners, ("none", *pruner_names()), "pruners")
-    abl_list = parse_list(ablations, tuple(ABLATIONS), "ablations") if ablations.strip() else []
-    seed_list = parse_seeds(seeds)
-    options = parse_method_options(method_option, (*names_all, *pruner_names()))
-    try:
-        specs = build_matrix(bit_list, quant_list, corr_list, groups, abl_list, options, prune_list)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    specs = sweep.specs()
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
-        _check_model(name)
+        check_model(name)
     if json_path is not None:
         check_output_file(json_path, "--json", runs=[out_dir / name for name in names])
-    flags = (weights, num_chunks, steps, window, device, model_option)
-    model_opts = {name: _model_options(name, *flags) for name in names}
-    work = {
-        name: _case_items(name, prompts, prompt, cases, seed_list, model_opts[name], image)
-        for name in names
-    }
+    model_opts = {name: flags.options(name) for name in names}
+    work = {name: inputs.items(name, model_opts[name]) for name in names}
     for name in names:  # every model's options and weights, before the first one runs
-        _check_load(name, model_opts[name])
-    distributed.setup(device)
+        check_load(name, model_opts[name])
+    distributed.setup(flags.device)
     results, shows = [], []
     for name, items in work.items():
-        m = _load(name, model_opts[name])
+        m = load(name, model_opts[name])
         model_specs = resolve_specs(m, specs)
-        model_specs = _fitting_specs(m, model_specs) if frontier else model_specs
+        model_specs = _fitting_specs(m, model_specs) if sweep.frontier else model_specs
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name

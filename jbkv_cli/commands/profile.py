@@ -17,19 +17,8 @@ import typer
 from rich.table import Table
 
 from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.commands.experiment import NO_LAYOUT, _load, _model_options, _prompt_items
-from jbkv_cli.commands.options import (
-    DeviceOpt,
-    ModelOptionOpt,
-    NumChunksOpt,
-    PromptOpt,
-    PromptsOpt,
-    SeedsOpt,
-    StepsOpt,
-    WeightsOpt,
-    WindowOpt,
-    parse_seeds,
-)
+from jbkv_cli.commands.experiment import NO_LAYOUT
+from jbkv_cli.commands.groups import ModelFlags, Prompts, check_model, load, with_groups
 from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.models.base import PrunableModel
@@ -49,6 +38,7 @@ from jbkv_cli.prune.profile import (
 )
 
 
+@with_groups
 def profile_heads(
     out_path: Annotated[Path, typer.Option("--out", help="The profile to write (JSON).")],
     model: Annotated[
@@ -94,26 +84,17 @@ def profile_heads(
             f"({DEFAULT_ANCHOR_FRAMES}).",
         ),
     ] = None,
-    prompts: PromptsOpt = None,
-    prompt: PromptOpt = None,
-    seeds: SeedsOpt = None,
-    weights: WeightsOpt = None,
-    num_chunks: NumChunksOpt = None,
-    steps: StepsOpt = None,
-    window: WindowOpt = None,
-    device: DeviceOpt = None,
-    model_option: ModelOptionOpt = None,
+    inputs: Prompts = Prompts(),
+    flags: ModelFlags = ModelFlags(),
 ) -> None:
     """Profile attention heads for Forcing-KV: frame-level attention mass with a full-precision
     cache, static/dynamic per (layer, KV head), written as the JSON `-M forcing-kv.profile=`
     reads (`--rule local-mass`: what `-M forcing-kv-history.profile=` was made for)."""
     chosen = _rule(rule, threshold, last_frames, skip_frames, anchor_frames)
-    if model not in MODELS:
-        raise UsageError(f"unknown model {model!r}; choose one of: {', '.join(MODELS)}")
+    check_model(model)
     check_output_file(out_path, "--out")
-    items = _prompt_items(model, prompts, prompt, parse_seeds(seeds))
-    flags = (weights, num_chunks, steps, window, device, model_option)
-    m = _load(model, _model_options(model, *flags))
+    items = inputs.prompt_items(model)
+    m = load(model, flags.options(model))
     if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
     layout = m.head_layout()
@@ -125,7 +106,7 @@ def profile_heads(
         measured = summarize(probe, layout["layers"], layout["kv_heads"], chosen)
     except ValueError as exc:
         raise JbkvError(f"profile-heads on {model}: {exc}") from None
-    command = _command(model, chosen, prompts, prompt, seeds, flags, out_path)
+    command = _command(model, chosen, inputs, flags, out_path)
     doc = profile_document(model, m.settings, probe, measured, command)
     write_text_atomic(out_path, json.dumps(doc, indent=2) + "\n")
     _print(doc)
@@ -159,23 +140,14 @@ def _rule(
     )
 
 
-def _command(model, rule: Rule, prompts, prompt, seeds, flags, out_path) -> str:
+def _command(model: str, rule: Rule, inputs: Prompts, flags: ModelFlags, out_path: Path) -> str:
     """The command line that makes this profile again (options resolved)."""
     args = ["jbkv", "profile-heads", "--model", model, "--rule", rule.name]
     if rule.name == "local-mass":
         args += ["--anchor-frames", str(rule.anchor_frames)]
     else:
         args += ["--last-frames", str(rule.last_frames), "--skip-frames", str(rule.skip_frames)]
-    args += ["--threshold", f"{rule.threshold:g}"]
-    args += ["--prompts", prompts] if prompts else []
-    for p in prompt or []:
-        args += ["--prompt", p]
-    args += ["--seeds", seeds] if seeds else []
-    names = ("--weights", "--num-chunks", "--steps", "--window", "--device")
-    for name, value in zip(names, flags[:5], strict=True):
-        args += [name, str(value)] if value is not None else []
-    for item in flags[5] or []:
-        args += ["-o", item]
+    args += ["--threshold", f"{rule.threshold:g}", *inputs.argv(), *flags.argv()]
     return shlex.join([*args, "--out", str(out_path)])
 
 
