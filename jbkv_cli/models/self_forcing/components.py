@@ -115,6 +115,8 @@ GENERATORS = {
     "causvid-warp-4step": Generator(
         "tianweiy/CausVid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt"
     ),
+    # TencentARC/RollingForcing README: checkpoints/rolling_forcing_dmd.pt, --use_ema
+    "rolling-forcing": Generator("TencentARC/RollingForcing", "checkpoints/rolling_forcing_dmd.pt"),
 }
 
 
