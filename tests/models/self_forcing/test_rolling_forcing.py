@@ -363,3 +363,19 @@ def test_rolling_forcing_quantize_eval_small(tmp_path):
     assert "INT2 rtn g32 +taylor" in result.output
     results = json.loads((tmp_path / "rolling-forcing" / "report" / "results.json").read_text())
     assert {row["variant"] for row in results["rows"]} >= {"int2-rtn-g32", "int2-rtn-g32-taylor"}
+
+
+def test_rolling_forcing_profile_heads_reads_every_cached_window_and_pruning_is_refused(tiny):
+    """``jbkv profile-heads`` measures the windows that read a cache (5 .. 13 of 14) and no clean
+    pass; a pruner is one usage error (pruned caches have no pre-RoPE layout for the sink)."""
+    from jbkv_cli.prune.profile import FrameMassProbe
+    from jbkv_cli.prune.registry import build_pruner
+
+    probe = FrameMassProbe(frame_tokens=TOKENS)
+    with torch.no_grad():
+        tiny.profile_heads("a cat", 0, probe)
+    assert sorted({r.chunk for r in probe.records}) == list(range(5, 14))
+    assert len(probe.records) == 9 * 2  # 2 layers
+    spec = KVSpec.build("rtn", bits=2, pruner=build_pruner("forcing-kv"))
+    with pytest.raises(UsageError, match="cannot prune rolling-forcing"):
+        tiny.resolve_kv(spec)
