@@ -22,9 +22,9 @@ shift-5 table (the window: 5 blocks = 15 latent frames), blocks of 3 latent fram
 24 frames (the sink + 7 blocks: ``window = 7``, ``sink = 1``), at most 21 frames attended,
 480×832, ``generator_ema`` of ``checkpoints/rolling_forcing_dmd.pt`` (README:
 ``--use_ema``; ``_fsdp_wrapped_module.`` stripped), no classifier-free guidance at inference
-(``guidance_scale: 3.0`` is the DMD teacher's, in training). ``num_chunks`` 27 (81 frames;
-``inference.py``'s default ``--num_output_frames 21`` is 7 blocks, the README runs 126 latent
-frames; the model is built for minutes). No trained-horizon limit; positions are absolute
+(``guidance_scale: 3.0`` is the DMD teacher's, in training). ``num_chunks`` 7 (``inference.py``'s
+default ``--num_output_frames 21`` latent frames = 81 frames; the README runs 126 = 42 blocks;
+the model is built for minutes). No trained-horizon limit; positions are absolute
 (``causal_rope_apply`` at ``current_start_frame``), so the length limit is the RoPE table
 (1024 latent frames; tiny-random: 32), refused as a usage error before anything is built.
 
@@ -87,7 +87,7 @@ _ROLLING = dict(
     first_chunk_steps=None,
     shift=5.0,  # timestep_shift
     chunk_frames=plan.BLOCK_FRAMES,
-    num_chunks=27,  # 81 latent frames
+    num_chunks=7,  # inference.py: --num_output_frames 21 latent frames (81 frames)
     window=plan.cache_window(),  # the 24-frame buffer: sink + 7 blocks
     sink=plan.SINK_BLOCKS,
     height=480,
@@ -321,7 +321,7 @@ def load_model(**options: Any) -> RollingForcing:
     ``weights`` (root directory laid out as ``ROOT/Wan2.1-T2V-1.3B-Diffusers/`` and
     ``ROOT/checkpoints/rolling_forcing_dmd.pt``; else ``$JBKV_SELF_FORCING_DIR``, else the HF
     cache), ``base``, ``generator``, ``ema`` (true: ``generator_ema``); sampling: ``steps`` (5;
-    the window's blocks) or ``step_list``, ``warp``, ``shift`` (5.0), ``num_chunks`` (27 blocks
+    the window's blocks) or ``step_list``, ``warp``, ``shift`` (5.0), ``num_chunks`` (7 blocks
     of 3 latent frames) or ``num_frames``, ``height``/``width`` (480/832), ``fps`` (16);
     ``device``, ``dtype``, ``attention_backend``, ``init_seed`` (tiny-random weights, 0).
     """
