@@ -437,7 +437,9 @@ class ChunkKVCache:
 
     def _rotate(self, view: CachedKV, chunks: list[_Chunk], positions: Mapping[int, int]) -> None:
         """Rotate the view's pre-RoPE keys (and their exact copies) chunk by chunk at their
-        read positions; record the rotation for the correction when keys are quantized."""
+        read positions; record the rotation for the correction when a rotated key carries a
+        quantization step (a sink-only layout with 16-bit sinks records none: the other chunks
+        were quantized after RoPE)."""
         moved = [c.serial for c in chunks if c.position is None and c.serial in positions]
         if moved:
             raise ValueError(f"chunk {moved[0]} is stored post-RoPE: it cannot be re-placed")
@@ -454,7 +456,15 @@ class ChunkKVCache:
         view.k = rotated(view.k)
         if view.k_ref is not None:
             view.k_ref = rotated(view.k_ref)
-        if view.k_step is not None:
+        step = view.k_step
+        noisy = (
+            step is not None
+            and any(  # rotated keys with a nonzero step (else no noise)
+                p is not None and bool(step[..., a:b, :].any())
+                for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
+            )
+        )
+        if noisy:
             view.key_rotation = self.rope.rotation(at, [c.length for c in chunks], view.k.shape[-1])
 
     def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:

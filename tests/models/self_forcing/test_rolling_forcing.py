@@ -127,9 +127,14 @@ def test_rolling_forcing_sink_only_layout_quantizes_post_rope_and_moves_the_sink
     a, b = ours.read(), post.read()
     torch.testing.assert_close(a.k, b.k, atol=1e-6, rtol=0)
     assert torch.equal(a.k_step, b.k_step) and torch.equal(a.v, b.v)
-    # the correction gets the identity on post-RoPE chunks, the sink's table on the sink
+    # the 16-bit sink carries no noise: no rotation for the correction (QuaRot's keys may pass);
+    # a quantized sink would get its table, the post-RoPE chunks the identity
     n = cfg.chunk_len
-    assert torch.equal(a.key_rotation.cos[n:], torch.ones_like(a.key_rotation.cos[n:]))
+    assert a.key_rotation is None
+    rotation = rope.rotation([4 * f, None], [n, n], cfg.head_dim)
+    assert torch.equal(rotation.cos[:n], rope.rotation([4 * f], [n], cfg.head_dim).cos)
+    assert torch.equal(rotation.cos[n:], torch.ones(n, cfg.head_dim // 2))
+    assert torch.equal(rotation.sin[n:], torch.zeros(n, cfg.head_dim // 2))
     moved = ours.read(positions={0: 5 * f})
     torch.testing.assert_close(moved.k[..., :n, :], rotate(_kv(0)[0], 5 * f), atol=1e-6, rtol=0)
     assert torch.equal(moved.k[..., n:, :], a.k[..., n:, :])
@@ -379,3 +384,18 @@ def test_rolling_forcing_profile_heads_reads_every_cached_window_and_pruning_is_
     spec = KVSpec.build("rtn", bits=2, pruner=build_pruner("forcing-kv"))
     with pytest.raises(UsageError, match="cannot prune rolling-forcing"):
         tiny.resolve_kv(spec)
+
+
+def test_rolling_forcing_runs_every_method_with_the_sink_kept_before_rope(tiny):
+    """Every registered method at INT2 with the Taylor correction: keys rotated by the method
+    (QuaRot, TurboQuant) are fine, as the blocks they store are rotated before they quantize
+    and the 16-bit sink needs no rotation in the correction."""
+    from jbkv_cli.quant.registry import method_names
+
+    with torch.no_grad():
+        exact, full = tiny.generate_latents("a cat", 2, FULL_PRECISION)
+        for name in method_names():
+            spec = tiny.resolve_kv(KVSpec.build(name, bits=2, correction="taylor"))
+            lat, info = tiny.generate_latents("a cat", 2, spec)
+            assert torch.isfinite(lat).all() and (lat - exact).abs().max() < 1.0, name
+            assert 0 < info["kv_cache_bytes"] <= full["kv_cache_bytes"], name
