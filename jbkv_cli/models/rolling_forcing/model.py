@@ -28,6 +28,10 @@ the model is built for minutes). No trained-horizon limit; positions are absolut
 (``causal_rope_apply`` at ``current_start_frame``), so the length limit is the RoPE table
 (1024 latent frames; tiny-random: 32), refused as a usage error before anything is built.
 
+``causal-forcing-longvideo``: Causal-Forcing's long-video generator (thu-ml/Causal-Forcing
+@1fc7bbc1 ``long_video/``: this code unchanged, ``denoising_step_list`` [1000, 750, 500, 250], so
+a window of 4 blocks; ``chunkwise/longvideo.pt`` of ``zhuhz22/Causal-Forcing``, ``--use_ema``).
+
 **The cache.** Upstream keeps the sink before RoPE and the other blocks rotated. jbkv's caches
 do the same (a :class:`~jbkv_cli.kvcache.rope.KeyRope` with ``sinks_only``): regular blocks are
 rotated at commit and then stored by the variant's method, the sink (kept 16-bit as every jbkv
@@ -96,6 +100,11 @@ _ROLLING = dict(
 )
 PRESETS: dict[str, dict[str, Any]] = {
     NAME: _ROLLING,
+    # thu-ml/Causal-Forcing @1fc7bbc1 long_video/: Rolling Forcing's code unchanged (pipeline,
+    # causal_model.py, inference.py are identical), configs/rolling_forcing_dmd.yaml with
+    # denoising_step_list [1000, 750, 500, 250] (a 4-block window), chunkwise/longvideo.pt
+    # with --use_ema; its README runs --num_output_frames 252
+    "causal-forcing-longvideo": _ROLLING | dict(steps=4),
     # 10 blocks of 4 tokens per frame: every read kind (sink re-placed, eviction, a clean pass
     # without the sink, short end windows) within the tiny table's 32 latent frames
     "tiny-random": _ROLLING | dict(num_chunks=10, height=32, width=32),
@@ -317,7 +326,8 @@ def check_cases(cases: Any, **options: Any) -> None:
 def load_model(**options: Any) -> RollingForcing:
     """Build Rolling Forcing from local weights, or ``config="tiny-random"``.
 
-    Options (None: the default): ``config`` (``rolling-forcing`` | ``tiny-random``); weights:
+    Options (None: the default): ``config`` (``rolling-forcing`` | ``causal-forcing-longvideo``
+    | ``tiny-random``); weights:
     ``weights`` (root directory laid out as ``ROOT/Wan2.1-T2V-1.3B-Diffusers/`` and
     ``ROOT/checkpoints/rolling_forcing_dmd.pt``; else ``$JBKV_SELF_FORCING_DIR``, else the HF
     cache), ``base``, ``generator``, ``ema`` (true: ``generator_ema``); sampling: ``steps`` (5;

@@ -56,6 +56,9 @@ def test_rolling_forcing_preset_is_upstreams_defaults():
     )
     assert (preset["window"], preset["sink"], preset["ema"]) == (7, 1, True)
     assert (preset["height"], preset["width"]) == (480, 832)
+    longvideo = rf.PRESETS["causal-forcing-longvideo"]
+    assert longvideo == preset | {"steps": 4}
+    assert comp.GENERATORS["causal-forcing-longvideo"].file == "chunkwise/longvideo.pt"
     generator = comp.GENERATORS["rolling-forcing"]
     assert (generator.repo_id, generator.file) == (
         "TencentARC/RollingForcing",
@@ -235,12 +238,18 @@ def cache_free_rolling(model, prompt: str, seed: int) -> torch.Tensor:
     return torch.cat([final[b] for b in range(blocks)], dim=2)
 
 
-def test_rolling_forcing_16bit_loop_equals_a_cache_free_rerun_of_every_window(tiny):
+@pytest.mark.parametrize("steps", [5, 4])
+def test_rolling_forcing_16bit_loop_equals_a_cache_free_rerun_of_every_window(tiny, steps):
     """10 blocks: the sink re-placed (frames 3 .. 9), eviction (sink + 7), clean passes without
-    the sink (blocks 7, 8), short end windows with up to 5 clean blocks."""
+    the sink (blocks 7, 8), short end windows with up to 5 clean blocks; 4 steps: Causal-Forcing's
+    long-video window of 4 blocks (2 clean blocks read)."""
+    model = (
+        tiny if steps == 5 else rf.RollingForcing(tiny.components, replace(tiny.config, steps=4))
+    )
+    assert len(model.schedule) == steps
     with torch.no_grad():
-        ours, info = tiny.generate_latents("a cat", 5, FULL_PRECISION)
-        reference = cache_free_rolling(tiny, "a cat", 5)
+        ours, info = model.generate_latents("a cat", 5, FULL_PRECISION)
+        reference = cache_free_rolling(model, "a cat", 5)
     print(f"max |rolling - cache-free| = {(ours - reference).abs().max():.2e}")
     torch.testing.assert_close(ours, reference, atol=ATOL, rtol=0)
     # the buffer at its fullest: sink + 7 blocks, 2 layers x (K, V) x [1, 2, 12, 32] fp32
@@ -335,7 +344,8 @@ TINY = ["-m", "rolling-forcing", "-o", "config=tiny-random", "--device", "cpu"]
 
 def test_rolling_forcing_generate_int2_taylor_through_the_installed_jbkv(tmp_path):
     out = tmp_path / "run"
-    args = ["generate", *TINY, "--bits", "2", "--correct", "--prompt", "a cat", "--out", str(out)]
+    args = ["generate", *TINY, "-o", "num_chunks=3", "--bits", "2", "--correct"]
+    args += ["--prompt", "a cat", "--out", str(out)]
     result = _jbkv(args, tmp_path)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
@@ -361,7 +371,8 @@ def test_rolling_forcing_quantize_eval_small(tmp_path):
 
     from jbkv_cli.cli import app
 
-    args = ["quantize-eval", *TINY, "--prompt", "a cat", "--bits", "2", "--quantizers", "rtn"]
+    args = ["quantize-eval", *TINY, "-o", "num_chunks=3", "--prompt", "a cat", "--bits", "2"]
+    args += ["--quantizers", "rtn"]
     args += ["--corrections", "none,taylor", "--no-lpips", "--no-plots", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -392,10 +403,11 @@ def test_rolling_forcing_runs_every_method_with_the_sink_kept_before_rope(tiny):
     and the 16-bit sink needs no rotation in the correction."""
     from jbkv_cli.quant.registry import method_names
 
+    model = rf.RollingForcing(tiny.components, replace(tiny.config, num_chunks=6))
     with torch.no_grad():
-        exact, full = tiny.generate_latents("a cat", 2, FULL_PRECISION)
+        exact, full = model.generate_latents("a cat", 2, FULL_PRECISION)
         for name in method_names():
-            spec = tiny.resolve_kv(KVSpec.build(name, bits=2, correction="taylor"))
-            lat, info = tiny.generate_latents("a cat", 2, spec)
+            spec = model.resolve_kv(KVSpec.build(name, bits=2, correction="taylor"))
+            lat, info = model.generate_latents("a cat", 2, spec)
             assert torch.isfinite(lat).all() and (lat - exact).abs().max() < 1.0, name
             assert 0 < info["kv_cache_bytes"] <= full["kv_cache_bytes"], name
