@@ -25,7 +25,11 @@ from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.rolling_forcing import model as rf
 from jbkv_cli.models.rolling_forcing import plan
 from jbkv_cli.models.self_forcing import components as comp
-from jbkv_cli.models.self_forcing.checkpoint import diffusers_name, strip_wrappers
+from jbkv_cli.models.self_forcing.checkpoint import (
+    convert_checkpoint,
+    diffusers_name,
+    strip_wrappers,
+)
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.models.tiny.model import TinyConfig, apply_rope, key_rope, rope_angles, rope_tables
 from jbkv_cli.seeding import noise_generator
@@ -298,7 +302,7 @@ TINY_UPSTREAM = dict(
 def test_rolling_forcing_reads_generator_ema_with_fsdp_names(tmp_path):
     """``checkpoints/rolling_forcing_dmd.pt``: ``generator_ema`` (``--use_ema``) with
     ``_fsdp_wrapped_module.`` in its names (upstream's ``remove_fsdp_prefix``), read
-    weights-only; ``generator`` is not what loads."""
+    weights-only, or converted once by ``convert-checkpoint``; ``generator`` is not what loads."""
     tiny = comp.tiny_components(seed=0)
     base = tmp_path / comp.BASE_DIR
     tiny.transformer.save_config(base / "transformer")
@@ -314,10 +318,14 @@ def test_rolling_forcing_reads_generator_ema_with_fsdp_names(tmp_path):
         {"generator": raw, "generator_ema": ema},
         tmp_path / "checkpoints" / "rolling_forcing_dmd.pt",
     )
-    model = rf.load_model(weights=str(tmp_path), height=32, width=32, num_chunks=2, device="cpu")
-    assert model.settings["generator"].endswith("checkpoints/rolling_forcing_dmd.pt")
-    loaded = model.components.transformer.state_dict()
-    assert set(loaded) == set(sd) and all(torch.equal(loaded[k], sd[k]) for k in sd)
+    pt = tmp_path / "checkpoints" / "rolling_forcing_dmd.pt"
+    for suffix in (".pt", ".safetensors"):  # then converted once, the .safetensors preferred
+        if suffix == ".safetensors":
+            convert_checkpoint(pt, pt.with_suffix(suffix), ema=True)
+        model = rf.load_model(weights=str(tmp_path), height=32, width=32, num_chunks=2)
+        assert model.settings["generator"].endswith("checkpoints/rolling_forcing_dmd" + suffix)
+        loaded = model.components.transformer.state_dict()
+        assert set(loaded) == set(sd) and all(torch.equal(loaded[k], sd[k]) for k in sd)
 
 
 @pytest.mark.parametrize(
