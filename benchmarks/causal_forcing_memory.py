@@ -1,13 +1,15 @@
-"""Causal-Forcing / Self-Forcing presets at their default shapes: computed GPU memory, no GPU.
+"""Causal-Forcing / Self-Forcing / Rolling Forcing presets at default shapes: computed GPU memory.
 
-For every non-tiny preset of the ``self-forcing`` adapter: the transformer's parameter bytes in
+For every non-tiny preset of the ``self-forcing`` and ``rolling-forcing`` adapters: the transformer's parameter bytes in
 BF16 (``WanTransformer3DModel`` of Wan2.1-T2V-1.3B built on the meta device: no weights), the
 KV cache bytes of one chunk for BF16 / INT4 / INT2 (g32 RTN; measured from the tensors a
 ``ChunkKVCache`` stores after committing one layer's random BF16 K/V of one chunk, × 30 layers;
 sinks stay BF16), the bytes held at the cache's peak (``sink + window`` chunks, the last chunk
-never committed) and the peak estimate of the chunk loop: weights + VAE (fp32) + the peak cache.
+never committed; Rolling Forcing: the sink + 7 blocks of its 24-frame buffer) and the peak
+estimate of the chunk loop: weights + VAE (fp32) + the peak cache.
 Not included: activations and the attention's working copy of one layer's cache (at most a few
-hundred MB at 1560–4680 current tokens), the VAE decode's activations, and the UMT5 encoder
+hundred MB at 1560–4680 current tokens; Rolling Forcing's window forward runs 15 frames,
+``current_tokens`` = 23,400, so its activations are ~5× a chunk's), the VAE decode's activations, and the UMT5 encoder
 (11.4 GB, on the GPU only while a new prompt is encoded). Writes JSON.
 
     python benchmarks/causal_forcing_memory.py [--out benchmarks/results/causal_forcing_memory.json]
@@ -51,12 +53,38 @@ def _chunk_bytes(spec, tokens: int, layers: int, heads: int, head_dim: int) -> i
     return cache.nbytes * layers
 
 
+def _row(s, model: str, specs: dict, sizes: tuple[int, int, int, int]) -> dict:
+    """One preset's row: its shape, what its cache keeps at the peak, bytes per spec."""
+    from jbkv_cli.kvcache.spec import FULL_PRECISION
+
+    layers, heads, head_dim, fixed = sizes
+    frame_tokens = (s.height // 16) * (s.width // 16)  # VAE 8 × patch 2
+    tokens = frame_tokens * s.chunk_frames
+    kept = min(s.num_chunks - 1, s.sink + (s.window if s.window is not None else s.num_chunks))
+    current = tokens * (s.steps if model == "rolling-forcing" else 1)  # the rolling window
+    row = {"model": model, "chunk_frames": s.chunk_frames, "num_chunks": s.num_chunks}
+    row |= {"tokens": tokens, "current_tokens": current}
+    row |= {"window": s.window, "sink": s.sink, "cached_chunks_at_peak": kept, "bits": {}}
+    sink_chunk = _chunk_bytes(FULL_PRECISION, tokens, layers, heads, head_dim)
+    for label, spec in specs.items():
+        chunk = _chunk_bytes(spec, tokens, layers, heads, head_dim)
+        sinks = min(s.sink, kept)
+        peak_cache = sinks * sink_chunk + (kept - sinks) * chunk
+        row["bits"][label] = {
+            "chunk_bytes": chunk,
+            "peak_cache_bytes": peak_cache,
+            "loop_peak_estimate_bytes": fixed + peak_cache,
+        }
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/causal_forcing_memory.json")
     args = ap.parse_args()
 
     from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
+    from jbkv_cli.models.rolling_forcing import model as rolling
     from jbkv_cli.models.self_forcing.components import WAN_T2V_1_3B
     from jbkv_cli.models.self_forcing.model import PRESETS, build_settings
 
@@ -68,26 +96,16 @@ def main() -> int:
         "int2": KVSpec.build("rtn", bits=2),
     }
     weights, vae_bytes = _weight_bytes()
+    sizes = (layers, heads, head_dim, weights + vae_bytes)
     rows = {}
-    for name in PRESETS:
-        if name == "tiny-random":
-            continue
-        s = build_settings({"config": name, "device": "cpu", "dtype": "bfloat16"})
-        tokens = (s.height // 16) * (s.width // 16) * s.chunk_frames  # VAE 8 × patch 2
-        kept = min(s.num_chunks - 1, s.sink + (s.window if s.window is not None else s.num_chunks))
-        row = {"chunk_frames": s.chunk_frames, "num_chunks": s.num_chunks, "tokens": tokens}
-        row |= {"window": s.window, "sink": s.sink, "cached_chunks_at_peak": kept, "bits": {}}
-        for label, spec in specs.items():
-            chunk = _chunk_bytes(spec, tokens, layers, heads, head_dim)
-            sink_chunk = _chunk_bytes(FULL_PRECISION, tokens, layers, heads, head_dim)
-            sinks = min(s.sink, kept)
-            peak_cache = sinks * sink_chunk + (kept - sinks) * chunk
-            row["bits"][label] = {
-                "chunk_bytes": chunk,
-                "peak_cache_bytes": peak_cache,
-                "loop_peak_estimate_bytes": weights + vae_bytes + peak_cache,
-            }
-        rows[name] = row
+    # Rolling Forcing also at its README's length (126 latent frames): the 24-frame buffer full
+    readme = {"rolling-forcing@42": rolling.PRESETS[rolling.NAME] | {"num_chunks": 42}}
+    families = [("self-forcing", PRESETS), (rolling.NAME, rolling.PRESETS), (rolling.NAME, readme)]
+    for model, presets in families:
+        for name in presets:
+            if name != "tiny-random":
+                options = {"config": name, "device": "cpu", "dtype": "bfloat16"}
+                rows[name] = _row(build_settings(options, presets, model), model, specs, sizes)
     results = {"transformer_bf16_bytes": weights, "vae_fp32_bytes": vae_bytes, "presets": rows}
     print(f"transformer {weights / GB:.2f} GB (BF16), VAE {vae_bytes / GB:.2f} GB (fp32)")
     print(

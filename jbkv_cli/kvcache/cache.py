@@ -34,7 +34,11 @@ and counted, whole until its last chunk is evicted. Sink chunks past the policy'
 **Pre-RoPE keys** (``rope``, a :class:`~jbkv_cli.kvcache.rope.KeyRope`). Keys are committed
 before RoPE with their ``position`` and rotated on every read, at that position or at the one
 ``positions`` gives (by commit index); the read carries the rotation (``CachedKV.key_rotation``)
-so the correction follows the rotated noise (:mod:`jbkv_cli.attention.rope`).
+so the correction follows the rotated noise (:mod:`jbkv_cli.attention.rope`). With
+``rope.sinks_only`` only sink chunks are kept before RoPE; every other chunk is rotated at its
+position on commit and stored post-RoPE (Rolling Forcing's layout). A read with
+``sinks=False`` leaves the sinks out (Rolling Forcing's clean pass once its 21-frame span no
+longer reaches the sink).
 
 **Pruning.** With a ``spec.pruner`` the model gives each layer's cache its ``pruning`` state
 (:class:`~jbkv_cli.prune.base.LayerPruning`): at commit it decides which tokens each KV head
@@ -165,12 +169,18 @@ class ChunkKVCache:
         """The variant reads the keys' excess variance (the signed correction)."""
         return self.spec.correction_.form == "variance"
 
-    def _store(self, method: KVMethod, x: torch.Tensor, role: Role) -> QuantizedTensor:
+    def _pre_rope(self, sink: bool) -> bool:
+        """Whether a (sink) chunk's keys are stored before RoPE."""
+        return self.rope is not None and (sink or not self.rope.sinks_only)
+
+    def _store(
+        self, method: KVMethod, x: torch.Tensor, role: Role, sink: bool = False
+    ) -> QuantizedTensor:
         if method.needs_queries:
             stored = method.quantize(x, role, self.queries)
         else:
             stored = method.quantize(x, role)
-        if self.rope is not None and role == "key" and stored.rotation is not None:
+        if self._pre_rope(sink) and role == "key" and stored.rotation is not None:
             raise ValueError(f"{method.label} rotates keys: it cannot store them before RoPE")
         if role == "key" and self._signed and stored.noise_model == MIXED:
             stored = measure_noise(x, stored)  # κ per group, FP8, counted in nbytes
@@ -196,6 +206,8 @@ class ChunkKVCache:
             raise ValueError(f"chunk shape {tuple(k.shape)} does not match the cache's chunks")
         self._layout, self._head_dim = layout, k.shape[-1]
         sink = self.committed < self.spec.sink_chunks
+        if position is not None and not self._pre_rope(sink):
+            k, position = self.rope.rotate(k, position), None  # stored post-RoPE
         chunk = _Chunk({}, sink, k.shape[-2], k.device, serial=self.committed, position=position)
         if self.pruning is not None and not sink:
             chunk.pruned = self._commit_pruned(k, v)
@@ -211,11 +223,11 @@ class ChunkKVCache:
             elif method.residual_tokens(role) > 0:
                 chunk.sides[role] = _Side([], x)  # compressed by _settle when pushed out
             else:
-                chunk.sides[role] = _Side([self._store(method, x, role)])
+                chunk.sides[role] = _Side([self._store(method, x, role, sink)])
         keeps = sink and self.policies["key"].keeps_sink(chunk.serial)
         if self.spec.bias_only and not keeps:
             if self.policies["key"].per_chunk:
-                predicted = self._store(self.spec.key, k, "key")
+                predicted = self._store(self.spec.key, k, "key", sink)
                 chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
             else:
                 chunk.waiting.add("bias")
@@ -251,7 +263,7 @@ class ChunkKVCache:
         side = "key" if role == "bias" else role
         x = torch.cat([c.sides[side].parts[0].dequantize() for c in members], dim=-2)
         method = self.spec.key if role == "bias" else self._method(side)
-        stored = self._store(method, x, side)
+        stored = self._store(method, x, side, members[0].sink)
         span = Span(stored, tuple(c.serial for c in members), tuple(c.length for c in members))
         for c in members:
             c.waiting.discard(role)
@@ -356,25 +368,29 @@ class ChunkKVCache:
         """What chunk ``index`` (of those held) stores for ``role``."""
         return self.chunks[index].sides[role].stored(self._groups(role))
 
-    def _selected(self, last: int | None) -> list[_Chunk]:
+    def _selected(self, last: int | None, sinks: bool = True) -> list[_Chunk]:
         regular = [c for c in self.chunks if not c.sink]
         if last is not None:
             regular = regular[len(regular) - last :] if last > 0 else []
-        return [c for c in self.chunks if c.sink] + regular
+        return [c for c in self.chunks if c.sink and sinks] + regular
 
     def read(
-        self, last: int | None = None, positions: Mapping[int, int] | None = None
+        self,
+        last: int | None = None,
+        positions: Mapping[int, int] | None = None,
+        sinks: bool = True,
     ) -> CachedKV | None:
-        """The sinks plus the last ``last`` chunks (default: the whole window), dequantized;
-        pre-RoPE keys rotated at their positions, or at ``positions[commit index]``."""
+        """The sinks (unless ``sinks`` is False) plus the last ``last`` chunks (default: the
+        whole window), dequantized; pre-RoPE keys rotated at their positions, or at
+        ``positions[commit index]``."""
         if last is not None and last < 0:
             raise ValueError(f"last must be >= 0 chunks or None, got {last}")
         if positions and self.rope is None:
             raise ValueError("read positions need a pre-RoPE cache (rope)")
-        key = (self.committed, last, tuple(sorted((positions or {}).items())))
+        key = (self.committed, last, tuple(sorted((positions or {}).items())), sinks)
         if self._view is not None and self._view[0] == key:
             return self._view[1]
-        chunks = self._selected(last)
+        chunks = self._selected(last, sinks)
         view = None
         if chunks:
             try:
@@ -421,13 +437,18 @@ class ChunkKVCache:
 
     def _rotate(self, view: CachedKV, chunks: list[_Chunk], positions: Mapping[int, int]) -> None:
         """Rotate the view's pre-RoPE keys (and their exact copies) chunk by chunk at their
-        read positions; record the rotation for the correction when keys are quantized."""
+        read positions; record the rotation for the correction when a rotated key carries a
+        quantization step (a sink-only layout with 16-bit sinks records none: the other chunks
+        were quantized after RoPE)."""
+        moved = [c.serial for c in chunks if c.position is None and c.serial in positions]
+        if moved:
+            raise ValueError(f"chunk {moved[0]} is stored post-RoPE: it cannot be re-placed")
         at = [positions.get(c.serial, c.position) for c in chunks]
         bounds = torch.tensor([0, *(c.length for c in chunks)]).cumsum(0).tolist()
 
         def rotated(x: torch.Tensor) -> torch.Tensor:
             parts = [
-                self.rope.rotate(x[..., a:b, :], p)
+                x[..., a:b, :] if p is None else self.rope.rotate(x[..., a:b, :], p)
                 for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
             ]
             return torch.cat(parts, dim=-2)
@@ -435,8 +456,16 @@ class ChunkKVCache:
         view.k = rotated(view.k)
         if view.k_ref is not None:
             view.k_ref = rotated(view.k_ref)
-        if view.k_step is not None:
-            view.key_rotation = self.rope.rotation(at)
+        step = view.k_step
+        noisy = (
+            step is not None
+            and any(  # rotated keys with a nonzero step (else no noise)
+                p is not None and bool(step[..., a:b, :].any())
+                for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
+            )
+        )
+        if noisy:
+            view.key_rotation = self.rope.rotation(at, [c.length for c in chunks], view.k.shape[-1])
 
     def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:
         """The kept tokens at their positions, ``valid`` marking them (sinks: all)."""
@@ -474,10 +503,12 @@ class ChunkKVCache:
         last: int | None = None,
         backend: str | None = None,
         positions: Mapping[int, int] | None = None,
+        sinks: bool = True,
     ) -> torch.Tensor:
         """Attention of ``q`` over ``[cached (last chunks) | current]`` with the spec's correction
-        (``positions``: read positions of pre-RoPE chunks, as :meth:`read`)."""
-        cached = self.read(last, positions)
+        (``positions``: read positions of pre-RoPE chunks; ``sinks``: include the sinks; as
+        :meth:`read`)."""
+        cached = self.read(last, positions, sinks)
         correction = self.spec.correction_
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
         if self.pending is not None:

@@ -9,7 +9,11 @@
 A *position* is whatever the model's table takes (jbkv's adapters: the chunk's first latent
 frame); the cache rotates each chunk on read at the position it was committed with, or at the
 one ``positions`` gives for that chunk (by commit index) in this read — what a model that
-re-places its sink every step (Rolling Forcing) needs. Tables are the model's own (the same
+re-places its sink every step (Rolling Forcing) needs. With ``sinks_only`` only the sink chunks
+are kept before RoPE: the cache rotates every other chunk at commit, before its method stores
+it, so those are quantized post-RoPE (Rolling Forcing's own layout: TencentARC/RollingForcing
+@a1477d09, ``wan/modules/causal_model.py`` caches the first block un-rotated, later blocks
+rotated) and only sinks can be re-placed on read. Tables are the model's own (the same
 values its RoPE uses), applied by :func:`~jbkv_cli.attention.rope.rotate_pairs`, and memoized
 per position (at most :data:`MEMO` of them).
 """
@@ -31,10 +35,12 @@ MEMO = 256  # positions whose tables are kept
 @dataclass
 class KeyRope:
     """A model's key rotation: its ``pairs`` layout (``interleaved``, ``half``) and ``table``,
-    which gives the per-channel ``(cos, sin)`` ``[L, D]`` of a chunk at a position."""
+    which gives the per-channel ``(cos, sin)`` ``[L, D]`` of a chunk at a position;
+    ``sinks_only``: keep only sink chunks before RoPE (module docstring)."""
 
     pairs: str
     table: Table
+    sinks_only: bool = False
     _memo: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,9 +69,19 @@ class KeyRope:
             )
         return rotate_pairs(x, cos.to(x.device), sin.to(x.device), self.pairs)
 
-    def rotation(self, positions: Sequence[int]) -> KeyRotation:
-        """What chunks read at ``positions`` (in order) were rotated by, for the correction."""
-        cos, sin = zip(*(self.tables(p) for p in positions), strict=True)
+    def rotation(
+        self, positions: Sequence[int | None], lengths: Sequence[int], dim: int
+    ) -> KeyRotation:
+        """What chunks of ``lengths`` tokens (head dim ``dim``) read at ``positions`` (in order)
+        were rotated by after quantization, for the correction; a position None: stored
+        post-RoPE (the identity)."""
+        real = [self.tables(p) for p in positions if p is not None]
+        device = real[0][0].device if real else torch.device("cpu")
+        tables, found = [], iter(real)
+        for p, n in zip(positions, lengths, strict=True):
+            identity = (torch.ones(n, dim, device=device), torch.zeros(n, dim, device=device))
+            tables.append(identity if p is None else next(found))
+        cos, sin = zip(*tables, strict=True)
         return KeyRotation(
             pair_table(torch.cat(cos), self.pairs).float(),
             pair_table(torch.cat(sin), self.pairs).float(),

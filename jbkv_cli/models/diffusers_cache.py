@@ -51,6 +51,7 @@ class LayerCache(Protocol):
         v_cur: torch.Tensor,
         scale: float,
         backend: str | None = None,
+        **reads: Any,
     ) -> torch.Tensor: ...
 
     def commit(self, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None: ...
@@ -68,6 +69,9 @@ class ChunkContext:
         backend: jbkv attention backend (``fused``, ``flex``, ``reference``); None: the default.
         key_rope: set when the caches hold keys before RoPE: commits then carry the un-rotated
             keys and ``frame_offset`` as their position.
+        reads: extra arguments of every cache read in this forward (``last``, ``positions``,
+            ``sinks`` of :meth:`~jbkv_cli.kvcache.ChunkKVCache.attend`; Rolling Forcing's
+            window and clean passes read different parts of the cache).
     """
 
     caches: Sequence[LayerCache] = field(default_factory=list)
@@ -75,6 +79,7 @@ class ChunkContext:
     frame_offset: int = 0
     backend: str | None = None
     key_rope: KeyRope | None = None
+    reads: dict[str, Any] = field(default_factory=dict)
 
 
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -131,7 +136,7 @@ class CachedSelfAttnProcessor:
 
         cache = self.context.caches[self.layer]
         out = cache.attend(
-            q, k, v, scale=q.shape[-1] ** -0.5, backend=self.context.backend
+            q, k, v, scale=q.shape[-1] ** -0.5, backend=self.context.backend, **self.context.reads
         )  # [B, H, L, D]
         if self.context.commit and self.context.key_rope is not None:
             cache.commit(k_pre, v, position=self.context.frame_offset)

@@ -26,6 +26,7 @@ MODELS: dict[str, str] = {
     "magi1": "jbkv_cli.models.magi1:load_model",
     "skyreels-v2": "jbkv_cli.models.skyreels_v2:load_model",
     "self-forcing": "jbkv_cli.models.self_forcing:load_model",
+    "rolling-forcing": "jbkv_cli.models.rolling_forcing:load_model",
     "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
 }
 

@@ -210,12 +210,12 @@ class _ProbedCache:
     def __init__(self, cache, probe: FrameMassProbe, layer: int) -> None:
         self.cache, self.probe, self.layer = cache, probe, layer
 
-    def commit(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.cache.commit(k, v)
+    def commit(self, k: torch.Tensor, v: torch.Tensor, position: int | None = None) -> None:
+        self.cache.commit(k, v, position=position)
 
-    def attend(self, q, k_cur, v_cur, scale, last=None, backend=None):
-        self.probe.observe(self.layer, q, k_cur, self.cache.read(last), scale)
-        return self.cache.attend(q, k_cur, v_cur, scale, last=last, backend=backend)
+    def attend(self, q, k_cur, v_cur, scale, last=None, backend=None, **reads):
+        self.probe.observe(self.layer, q, k_cur, self.cache.read(last, **reads), scale)
+        return self.cache.attend(q, k_cur, v_cur, scale, last=last, backend=backend, **reads)
 
     def __getattr__(self, name: str):
         return getattr(self.cache, name)

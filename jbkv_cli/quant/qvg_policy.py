@@ -30,7 +30,7 @@ jbkv's models (:data:`INTEGRATIONS`, looked up as ``model:config`` then ``model`
   quantization is before chunk 8), so the cache stays 16-bit and counts as such: upstream's
   script generates 60 chunks with no eviction; run ``num_chunks ≥ 9`` (and ``window ≥ 8``
   to hold a whole span) to see QVG compress.
-- ``self-forcing:longlive``, ``skyreels-v2``, ``magi1`` have no QVG script. They get
+- ``self-forcing:longlive``, ``skyreels-v2``, ``magi1``, ``rolling-forcing`` have no QVG script. They get
   LingBot-v2's policy (per chunk, keep the newest chunk and the first sink chunk BF16,
   post-RoPE): it is upstream's newest integration and the one written for a streaming model
   with a sliding window and a sink, as these are; N = 8 would quantize nothing in their default
@@ -81,6 +81,7 @@ INTEGRATIONS: dict[str, Integration] = {
     "self-forcing:longlive": LINGBOT_V2,
     "skyreels-v2": LINGBOT_V2,
     "magi1": LINGBOT_V2,
+    "rolling-forcing": LINGBOT_V2,
 }
 
 

@@ -206,6 +206,8 @@ def test_every_registered_adapter_can_be_pruned_and_profiled():
         "magi1": "jbkv_cli.models.magi1.model:Magi1VideoModel",
         "skyreels-v2": "jbkv_cli.models.skyreels_v2.model:SkyReelsV2",
         "self-forcing": "jbkv_cli.models.self_forcing.model:SelfForcing",
+        # profiled; pruning it is a usage error (tests/models/self_forcing/test_rolling_forcing)
+        "rolling-forcing": "jbkv_cli.models.rolling_forcing.model:RollingForcing",
     }
     # HY-WorldPlay re-selects its memory every chunk (no frame history for Forcing-KV to keep):
     # it has no head layout, so pruning and profiling it are the usage error tested below

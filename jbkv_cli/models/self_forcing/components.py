@@ -115,6 +115,10 @@ GENERATORS = {
     "causvid-warp-4step": Generator(
         "tianweiy/CausVid", "autoregressive_checkpoint_warp_4step_cfg2/model.pt"
     ),
+    # TencentARC/RollingForcing README: checkpoints/rolling_forcing_dmd.pt, --use_ema
+    "rolling-forcing": Generator("TencentARC/RollingForcing", "checkpoints/rolling_forcing_dmd.pt"),
+    # thu-ml/Causal-Forcing long_video/README.md: run under Rolling Forcing's loop, --use_ema
+    "causal-forcing-longvideo": Generator(CAUSAL_FORCING_REPO, "chunkwise/longvideo.pt"),
 }
 
 

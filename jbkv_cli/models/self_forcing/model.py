@@ -448,10 +448,15 @@ def check_case(case: Case, settings: SelfForcingSettings) -> None:
 # --------------------------------------------------------------------------- loading
 
 
-def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
-    """Settings from checked ``options`` (``config`` set): the preset, overridden, validated."""
+def build_settings(
+    options: dict[str, Any],
+    presets: dict[str, dict[str, Any]] = PRESETS,
+    model: str = "self-forcing",
+) -> SelfForcingSettings:
+    """Settings from checked ``options`` (``config`` set): the preset of ``presets`` (another
+    adapter of this family passes its own, and its name), overridden, validated."""
     config = options["config"]
-    preset = PRESETS[config]
+    preset = presets[config]
     values = preset | {k: v for k, v in options.items() if k in preset}
     for name in ("steps", "chunk_frames", "num_chunks", "sink", "fps"):
         values[name] = int(values[name])
@@ -484,7 +489,7 @@ def build_settings(options: dict[str, Any]) -> SelfForcingSettings:
     if values["first_chunk_steps"] is not None:
         values["first_chunk_steps"] = int(values["first_chunk_steps"])
     check_frame_size(values)
-    check_latent_frames("self-forcing", config, values["chunk_frames"], values["num_chunks"])
+    check_latent_frames(model, config, values["chunk_frames"], values["num_chunks"])
     beyond = bool(options.get("beyond_horizon", False))
     check_horizon(config, values["chunk_frames"], values["num_chunks"], beyond)
     values["shift"] = float(values["shift"])
