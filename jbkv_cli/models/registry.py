@@ -27,6 +27,7 @@ MODELS: dict[str, str] = {
     "skyreels-v2": "jbkv_cli.models.skyreels_v2:load_model",
     "self-forcing": "jbkv_cli.models.self_forcing:load_model",
     "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
+    "matrix-game-2": "jbkv_cli.models.matrix_game:load_model",
 }
 
 DEFAULT_MODEL = "tiny"
