@@ -41,3 +41,9 @@ def tiny_case(tiny_model, tmp_path_factory):
     image, actions = write_inputs(folder, tiny_model.config.num_frames)
     case = Case("a red room", str(image), str(actions), "c1")
     return case, tiny_model.conditions(case)
+
+
+@pytest.fixture
+def inputs():
+    """:func:`write_inputs` (a fixture: test modules are imported by path)."""
+    return write_inputs
