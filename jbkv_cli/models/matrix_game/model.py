@@ -128,6 +128,7 @@ class MatrixGame2:
     """A loaded Matrix-Game-2.0; ``generate`` runs the chunk loop (module docstring)."""
 
     name = "matrix-game-2"
+    profiles_cases = True  # profile_heads takes a case (profile-heads --cases)
 
     def __init__(
         self, dit: MatrixGameDiT, vae: Any, image_encoder: nn.Module, preset: Preset, s: Settings
@@ -233,11 +234,15 @@ class MatrixGame2:
         *,
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
+        probe: Any = None,
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """The chunk loop; the clean latents ``[1, 16, F, h, w]`` and the caches' bytes."""
+        """The chunk loop; the clean latents ``[1, 16, F, h, w]`` and the caches' bytes.
+        ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the main caches and
+        is told the chunk and step before each forward (``None`` for the clean pass)."""
         s = self.config
         main, mouse, keyboard = self.caches(kv, observer)
-        attn = CachedAttention(main, mouse, keyboard, s.attention_backend)
+        layers = main if probe is None else probe.wrap(main)
+        attn = CachedAttention(layers, mouse, keyboard, s.attention_backend)
         generator = noise_generator(seed, name)
         sched = self.schedule
         chunks: list[torch.Tensor] = []
@@ -247,11 +252,15 @@ class MatrixGame2:
                 f0 = c * s.chunk_frames
                 x = self.draw(generator)
                 for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
+                    if probe is not None:
+                        probe.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, f0, cond, attn), sigma)
                     if i + 1 < len(sched):
                         x = renoise(x0, self.draw(generator), sched.sigmas[i + 1])
                 chunks.append(x0)
                 if c + 1 < s.num_chunks:
+                    if probe is not None:
+                        probe.at(c, None)
                     attn.commit = True
                     try:
                         self.flow(x0, 0.0, f0, cond, attn)
@@ -272,6 +281,14 @@ class MatrixGame2:
             "quantize_actions": s.quantize_actions,
         }
         return torch.cat(chunks, dim=2), info
+
+    def profile_heads(self, case: Case | str, seed: int, probe: Any) -> None:
+        """Generate ``case`` (an image and actions: ``jbkv profile-heads --cases FILE``) with
+        full-precision caches while ``probe`` measures every main-cache read."""
+        case = Case.of(case)
+        cond = self.conditions(case)
+        probe.begin_sample(case.name, seed)
+        self.generate_latents(cond, seed, case.name, FULL_PRECISION, probe=probe)
 
     def generate(
         self,

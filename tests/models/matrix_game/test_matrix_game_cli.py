@@ -1,7 +1,8 @@
-"""``-m matrix-game-2`` through the installed ``jbkv``: tiny-random generate with an INT2
-corrected cache (action caches quantized, their bytes reported apart), quantize-eval, and
-every bad input (actions file, image, length past the rotary table, released configs) as one
-line on stderr, exit 2, with nothing created."""
+"""``-m matrix-game-2`` on the command line: tiny-random generate with an INT2 corrected cache
+(action caches quantized, their bytes reported apart) and bad inputs (one line on stderr,
+exit 2, nothing created) through the installed ``jbkv`` in a subprocess; quantize-eval and
+profile-heads --cases, where the exit code is not the point, through Typer's CliRunner (the
+diffusers import is paid once)."""
 
 import json
 import os
@@ -10,6 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from jbkv_cli.cli import app
 
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 TINY = ["-m", "matrix-game-2", "-o", "config=tiny-random"]
@@ -44,16 +48,27 @@ def test_matrix_game_generate_int2_reports_action_cache_bytes(tmp_path, inputs):
     assert q["kv_cache_bytes"] == sum(qs.values())
 
 
+def invoke(*args: object, cwd: Path):
+    before = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(before)
+
+
 def test_matrix_game_quantize_eval_table_lists_the_cache_split(tmp_path, inputs):
     inputs(tmp_path)
-    r = jbkv("quantize-eval", *TINY, "-o", "quantize_actions=false", "--cases", cases(tmp_path),
-             "--quantizers", "rtn", "--bits", "2", "--corrections", "none,taylor", "--no-lpips",
-             "--no-plots", "--json", "rows.json", "--out", "qe", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    r = invoke("quantize-eval", *TINY, "-o", "quantize_actions=false", "--cases", cases(tmp_path),
+               "--quantizers", "rtn", "--bits", "2", "--corrections", "none,taylor",
+               "--no-lpips", "--no-plots", "--json", "rows.json", "--out", "qe", cwd=tmp_path)  # fmt: skip
+    assert r.exit_code == 0, r.output
     rows = json.loads((tmp_path / "rows.json").read_text())
-    text = json.dumps(rows)
-    assert "INT2 rtn g32 +taylor" in text and "kv_bytes_by_cache" in text
-    assert "INT2 rtn g32 +taylor: KV" in r.stdout and "mouse" in r.stdout
+    split = {row["label"]: row["kv_bytes_by_cache"] for row in rows["rows"]}
+    ref, q = split["FP32"], split["INT2 rtn g32 +taylor"]
+    assert q["mouse"] == ref["mouse"] and q["keyboard"] == ref["keyboard"]  # kept 16-bit
+    assert q["main"] < ref["main"]
+    assert "INT2 rtn g32 +taylor: KV" in r.output and "mouse" in r.output
 
 
 def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
@@ -65,9 +80,9 @@ def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
 
 BAD = [
     # (case row, actions file text or None to keep the good one, extra options, needle);
-    # the file format's other rules are checked in-process (test_matrix_game_actions.py)
+    # the file format's other rules and the length limit are checked in-process
+    # (test_matrix_game_actions.py: check_cases / check_options, what every command calls)
     ("1.png,a room,a.json", '{"keyboard": [[1, 0, 0, 0]]}', [], "has 1 rows; the video has 33"),
-    ("1.png,a room,a.json", None, ["-o", "num_chunks=400"], "past the rotary table"),
     ("1.png,a room,a.json", None, ["-o", "config=universal"], "config=universal needs"),
 ]
 
@@ -83,3 +98,16 @@ def test_matrix_game_bad_inputs_are_one_line_usage_errors(
              cwd=tmp_path)  # fmt: skip
     one_line_error(r, needle)
     assert not (tmp_path / "run").exists()
+
+
+def test_matrix_game_profile_heads_reads_cases(tmp_path, inputs):
+    """profile-heads --cases: the heads profiled on an image + actions case, the profile's
+    command line naming the case file (what forcing-kv then reads)."""
+    inputs(tmp_path)
+    r = invoke("profile-heads", *TINY, "--cases", cases(tmp_path), "--out", "prof.json",
+               cwd=tmp_path)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "prof.json").read_text())
+    assert doc["model"] == "matrix-game-2" and "--cases" in doc["command"]
+    assert len(doc["layers"]) == 2 and doc["calls"] > 0
+    assert sum(doc["counts"].values()) == 4  # 2 blocks x 2 heads, each static or dynamic
