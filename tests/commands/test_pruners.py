@@ -206,6 +206,7 @@ def test_every_registered_adapter_can_be_pruned_and_profiled():
         "magi1": "jbkv_cli.models.magi1.model:Magi1VideoModel",
         "skyreels-v2": "jbkv_cli.models.skyreels_v2.model:SkyReelsV2",
         "self-forcing": "jbkv_cli.models.self_forcing.model:SelfForcing",
+        "matrix-game-2": "jbkv_cli.models.matrix_game.model:MatrixGame2",
     }
     # HY-WorldPlay re-selects its memory every chunk (no frame history for Forcing-KV to keep):
     # it has no head layout, so pruning and profiling it are the usage error tested below
