@@ -2,14 +2,16 @@
 attention 6 frames), computed on the CPU: no GPU, no weights needed.
 
 * **weights**: the DiT built on the meta device with upstream's config (per preset), BF16;
+  besides, CLIP ViT-H/14's visual tower through block 31 and the Wan2.1 VAE (diffusers'
+  ``AutoencoderKLWan`` default), also BF16 and on the meta device (``encoders_bytes``);
 * **cache bytes per chunk**: one chunk's K/V committed into jbkv's ``ChunkKVCache`` per variant
   (BF16, INT4 / INT2 g32 RTN), bytes read from the stored tensors: the main cache
   ``[1, 12, 3·880, 128]`` per block (30), the mouse cache ``[880, 16, 3, 64]`` and the
   keyboard cache ``[1, 16, 3, 64]`` per action block (15), with the action caches quantized
   (``quantize_actions=true``) or BF16 (``false``). A cache holds one finished chunk (the
   6-frame window = current + 1 finished chunk), so the stored bytes at the peak are one chunk's;
-* **peak estimate** = weights + stored caches + one layer's dequantized main window (BF16,
-  what attention reads) — activations, the VAE and CLIP excluded.
+* **peak estimate** = DiT + CLIP + VAE weights + stored caches + one layer's dequantized main
+  window (BF16, what attention reads) — activations excluded.
 
     python benchmarks/matrix_game_memory.py [--out benchmarks/results/matrix_game_memory.json]
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.kvcache import FULL_PRECISION, ChunkKVCache, KVSpec
+from jbkv_cli.models.matrix_game.clip import VisionTower
 from jbkv_cli.models.matrix_game.config import PRESETS
 from jbkv_cli.models.matrix_game.dit import MatrixGameDiT
 
@@ -44,7 +47,16 @@ def chunk_bytes(spec: KVSpec, shape: tuple[int, ...]) -> int:
     return cache.nbytes
 
 
-def preset_row(name: str) -> dict:
+def encoders_bytes() -> int:
+    """BF16 bytes of CLIP's visual tower (31 blocks) and the Wan2.1 VAE, built on meta."""
+    import diffusers
+
+    with torch.device("meta"):
+        parts = [VisionTower(), diffusers.AutoencoderKLWan()]
+    return sum(t.numel() for m in parts for t in m.parameters()) * 2
+
+
+def preset_row(name: str, encoders: int) -> dict:
     p = PRESETS[name]
     d, a = p.dit, p.dit.action
     with torch.device("meta"):
@@ -56,7 +68,12 @@ def preset_row(name: str) -> dict:
     mouse_shape = (tokens, a.heads, k, a.mouse_hidden // a.heads)
     key_shape = (1, a.heads, k, a.keyboard_hidden // a.heads)
     n_act = len(a.blocks)
-    row = {"weights_bytes": weights, "frame_tokens": tokens, "variants": {}}
+    row = {
+        "weights_bytes": weights,
+        "encoders_bytes": encoders,
+        "frame_tokens": tokens,
+        "variants": {},
+    }
     window = 2 * k * tokens * d.head_dim * d.heads * 2  # one layer's K+V window, BF16
     for label, spec in VARIANTS.items():
         main = d.layers * chunk_bytes(spec, main_shape)
@@ -71,7 +88,7 @@ def preset_row(name: str) -> dict:
                 "main_bytes": main,
                 "mouse_bytes": mouse,
                 "keyboard_bytes": keyboard,
-                "peak_estimate_bytes": weights + main + mouse + keyboard + window,
+                "peak_estimate_bytes": weights + encoders + main + mouse + keyboard + window,
             }
     return row
 
@@ -81,11 +98,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/matrix_game_memory.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rows = {name: preset_row(name) for name in ("universal", "gta", "templerun")}
+    encoders = encoders_bytes()
+    rows = {name: preset_row(name, encoders) for name in ("universal", "gta", "templerun")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2) + "\n")
     for name, row in rows.items():
-        print(f"{name}: weights {row['weights_bytes'] / MB:,.0f} MB (BF16)")
+        print(
+            f"{name}: DiT {row['weights_bytes'] / MB:,.0f} MB, CLIP + VAE "
+            f"{row['encoders_bytes'] / MB:,.0f} MB (BF16)"
+        )
         for label, v in row["variants"].items():
             print(
                 f"  {label:28s} main {v['main_bytes'] / MB:8.2f}  mouse {v['mouse_bytes'] / MB:8.2f}"

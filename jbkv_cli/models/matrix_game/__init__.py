@@ -4,7 +4,9 @@ Wan2.1-1.3B I2V DiT with keyboard/mouse ActionModules — with all of its caches
 ``load_model(**options)`` builds a :class:`~jbkv_cli.models.matrix_game.model.MatrixGame2`:
 
     config            universal (default; keyboard 4-d + mouse) | gta (keyboard 2-d + mouse,
-                      local attention 4 frames) | templerun (keyboard 7-d) | tiny-random
+                      local attention 4 frames: refused) | templerun (keyboard 7-d) | tiny-random
+    weights           the Skywork/Matrix-Game-2.0 folder (else $JBKV_MATRIX_GAME_DIR, else
+                      the Hugging Face cache)
     num_chunks        chunks of 3 latent frames (default 50 = 150 latent frames = 597 frames;
                       tiny-random 3); or num_frames (4·latents − 3 … i.e. 4·(3·chunks − 1) + 1)
     quantize_actions  store the mouse/keyboard caches with the variant's KVSpec (default
@@ -16,10 +18,9 @@ Wan2.1-1.3B I2V DiT with keyboard/mouse ActionModules — with all of its caches
 Cases (``--cases FILE``): an image column and, in the ``pose`` column, an actions JSON file
 (:mod:`~jbkv_cli.models.matrix_game.actions`), both checked by :func:`check_cases` before
 anything is created. A video longer than the rotary table (1,024 latent frames) is a usage
-error. Loading the released checkpoints needs the CLIP ViT-H/14 and Wan-VAE ``.pth`` readers,
-which jbkv does not have yet: ``config=universal|gta|templerun`` is refused (exit 2); the DiT
-keys convert (:mod:`~jbkv_cli.models.matrix_game.checkpoint`) and their memory is computed by
-``benchmarks/matrix_game_memory.py``.
+error. The released files are found and read by :mod:`~jbkv_cli.models.matrix_game.loaders`
+(``weights``: the downloaded ``Skywork/Matrix-Game-2.0`` folder); ``gta`` (local attention of 4
+frames, not whole chunks) is refused. Memory: ``benchmarks/matrix_game_memory.py``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
     "num_chunks": limits.CHUNKS,
     "num_frames": Spec("int", lo=1, hi=4 * (3 * limits.MAX_CHUNKS - 1) + 1),
+    "weights": limits.PATH,
     "quantize_actions": limits.FLAG,
     "device": limits.DEVICE,
     "dtype": limits.DTYPE,
@@ -74,17 +76,14 @@ def _resolved(options: dict[str, Any]) -> tuple[Settings, Preset, dict[str, Any]
     opt = parse_options(OPTIONS, options, "matrix-game-2", sep=": ", error=UsageError)
     config = str(opt.get("config", "universal"))
     preset = PRESETS[config]
-    if config != "tiny-random":
-        raise UsageError(
-            f"matrix-game-2: config={config} needs the released weights' CLIP ViT-H/14 and "
-            "Wan-VAE readers, which jbkv lacks yet; use config=tiny-random "
-            "(memory: benchmarks/matrix_game_memory.py)"
-        )
     local, k = preset.dit.local_attn_size, preset.chunk_frames
     if local % k or local < k:
         raise UsageError(
-            f"matrix-game-2: local attention of {local} frames is not whole chunks of {k}"
+            f"matrix-game-2: config={config}'s local attention of {local} frames is not whole "
+            f"chunks of {k} (jbkv's caches hold whole chunks); universal and templerun are"
         )
+    if config == "tiny-random" and opt.get("weights") is not None:
+        raise UsageError("matrix-game-2: config=tiny-random builds random weights; no weights=")
     chunks = _chunks(opt, preset)
     latents = chunks * k
     if latents > min(ROPE_FRAMES, preset.dit.rope_frames):
@@ -113,8 +112,13 @@ def _resolved(options: dict[str, Any]) -> tuple[Settings, Preset, dict[str, Any]
 
 
 def check_options(**options: Any) -> None:
-    """Refuse what :func:`load_model` would refuse, without building anything."""
-    _resolved(options)
+    """Refuse what :func:`load_model` would refuse (values, missing weight files), without
+    building anything."""
+    settings, _, opt = _resolved(options)
+    if settings.config != "tiny-random":
+        from jbkv_cli.models.matrix_game.loaders import locate
+
+        locate(settings.config, opt.get("weights"))
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:
@@ -128,9 +132,17 @@ def check_cases(cases: Iterable[Case], **options: Any) -> None:
 def load_model(**options: Any) -> MatrixGame2:
     """Build Matrix-Game-2.0 (module docstring)."""
     settings, preset, opt = _resolved(options)
-    from jbkv_cli.models.matrix_game.tiny import tiny_parts
-
-    dit, vae, encoder = tiny_parts(preset, int(opt.get("init_seed", 0)))
     dt = dtype_from_name(settings.dtype)
+    if settings.config == "tiny-random":
+        from jbkv_cli.models.matrix_game.tiny import tiny_parts
+
+        dit, vae, encoder = tiny_parts(preset, int(opt.get("init_seed", 0)))
+    else:
+        from jbkv_cli.models.matrix_game import loaders
+
+        paths = loaders.locate(settings.config, opt.get("weights"))
+        dit = loaders.load_dit(preset, paths.dit)
+        encoder = loaders.load_clip(paths.clip).to(dt)
+        vae = loaders.load_vae(paths.vae).to(dt)
     dit = dit.to(settings.device, dt)
     return MatrixGame2(dit, vae.to(settings.device), encoder.to(settings.device), preset, settings)

@@ -71,32 +71,38 @@ def test_matrix_game_quantize_eval_table_lists_the_cache_split(tmp_path, inputs)
     assert "INT2 rtn g32 +taylor: KV" in r.output and "mouse" in r.output
 
 
-def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
-    assert r.returncode == 2, (r.returncode, r.stderr)
+def one_line_error(r: subprocess.CompletedProcess, needle: str, code: int = 2) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert needle in lines[0], lines[0]
 
 
 BAD = [
-    # (case row, actions file text or None to keep the good one, extra options, needle);
+    # (case row, actions text or None to keep the good one, extra options, exit code, needle);
     # the file format's other rules and the length limit are checked in-process
     # (test_matrix_game_actions.py: check_cases / check_options, what every command calls)
-    ("1.png,a room,a.json", '{"keyboard": [[1, 0, 0, 0]]}', [], "has 1 rows; the video has 33"),
-    ("1.png,a room,a.json", None, ["-o", "config=universal"], "config=universal needs"),
+    ("1.png,a room,a.json", '{"keyboard": [[1, 0, 0, 0]]}', [], 2, "has 1 rows; the video has 33"),
+    (
+        "1.png,a room,a.json",
+        None,
+        ["-o", "config=universal", "-o", "num_chunks=3", "-o", "weights=nowhere"],
+        1,
+        "Matrix-Game-2.0 weights not found in nowhere",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("row", "actions", "extra", "needle"), BAD)
-def test_matrix_game_bad_inputs_are_one_line_usage_errors(
-    tmp_path, inputs, row, actions, extra, needle
+@pytest.mark.parametrize(("row", "actions", "extra", "code", "needle"), BAD)
+def test_matrix_game_bad_inputs_are_one_line_errors(
+    tmp_path, inputs, row, actions, extra, code, needle
 ):
     inputs(tmp_path)
     if actions is not None:
         (tmp_path / "a.json").write_text(actions)
     r = jbkv("generate", *TINY, *extra, "--cases", cases(tmp_path, row), "--out", "run",
              cwd=tmp_path)  # fmt: skip
-    one_line_error(r, needle)
+    one_line_error(r, needle, code)
     assert not (tmp_path / "run").exists()
 
 
