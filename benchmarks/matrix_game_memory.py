@@ -8,8 +8,10 @@ attention 6 frames), computed on the CPU: no GPU, no weights needed.
   (BF16, INT4 / INT2 g32 RTN), bytes read from the stored tensors: the main cache
   ``[1, 12, 3·880, 128]`` per block (30), the mouse cache ``[880, 16, 3, 64]`` and the
   keyboard cache ``[1, 16, 3, 64]`` per action block (15), with the action caches quantized
-  (``quantize_actions=true``) or BF16 (``false``). A cache holds one finished chunk (the
-  6-frame window = current + 1 finished chunk), so the stored bytes at the peak are one chunk's;
+  (``quantize_actions=true``) or BF16 (``false``). A cache holds the window's finished frames,
+  ``local_attn_size − 3``: one chunk for universal/TempleRun (6 frames = current + 1 finished
+  chunk), one frame for GTA (4 frames, committed frame by frame) — the bytes reported are those
+  held frames' (``held_frames``);
 * **peak estimate** = DiT + CLIP + VAE weights + stored caches + one layer's dequantized main
   window (BF16, what attention reads) — activations excluded.
 
@@ -64,17 +66,19 @@ def preset_row(name: str, encoders: int) -> dict:
     weights = sum(t.numel() for t in dit.parameters()) * 2
     tokens = (p.height // 16) * (p.width // 16)
     k = p.chunk_frames
-    main_shape = (1, d.heads, k * tokens, d.head_dim)
-    mouse_shape = (tokens, a.heads, k, a.mouse_hidden // a.heads)
-    key_shape = (1, a.heads, k, a.keyboard_hidden // a.heads)
+    held = d.local_attn_size - k
+    main_shape = (1, d.heads, held * tokens, d.head_dim)
+    mouse_shape = (tokens, a.heads, held, a.mouse_hidden // a.heads)
+    key_shape = (1, a.heads, held, a.keyboard_hidden // a.heads)
     n_act = len(a.blocks)
     row = {
         "weights_bytes": weights,
         "encoders_bytes": encoders,
         "frame_tokens": tokens,
+        "held_frames": held,
         "variants": {},
     }
-    window = 2 * k * tokens * d.head_dim * d.heads * 2  # one layer's K+V window, BF16
+    window = 2 * held * tokens * d.head_dim * d.heads * 2  # one layer's cached K+V, BF16
     for label, spec in VARIANTS.items():
         main = d.layers * chunk_bytes(spec, main_shape)
         for quantize in (True, False):
@@ -110,7 +114,7 @@ def main() -> None:
         for label, v in row["variants"].items():
             print(
                 f"  {label:28s} main {v['main_bytes'] / MB:8.2f}  mouse {v['mouse_bytes'] / MB:8.2f}"
-                f"  keyboard {v['keyboard_bytes'] / MB:6.3f} MB per chunk · peak ≈ "
+                f"  keyboard {v['keyboard_bytes'] / MB:6.3f} MB held · peak ≈ "
                 f"{v['peak_estimate_bytes'] / MB:,.0f} MB"
             )
 

@@ -4,7 +4,8 @@ Wan2.1-1.3B I2V DiT with keyboard/mouse ActionModules — with all of its caches
 ``load_model(**options)`` builds a :class:`~jbkv_cli.models.matrix_game.model.MatrixGame2`:
 
     config            universal (default; keyboard 4-d + mouse) | gta (keyboard 2-d + mouse,
-                      local attention 4 frames: refused) | templerun (keyboard 7-d) | tiny-random
+                      local attention 4 frames) | templerun (keyboard 7-d) | tiny-random
+    local_attn_size   latent frames attended, the current chunk included (preset: 6; GTA 4)
     weights           the Skywork/Matrix-Game-2.0 folder (else $JBKV_MATRIX_GAME_DIR, else
                       the Hugging Face cache)
     num_chunks        chunks of 3 latent frames (default 50 = 150 latent frames = 597 frames;
@@ -19,8 +20,8 @@ Cases (``--cases FILE``): an image column and, in the ``pose`` column, an action
 (:mod:`~jbkv_cli.models.matrix_game.actions`), both checked by :func:`check_cases` before
 anything is created. A video longer than the rotary table (1,024 latent frames) is a usage
 error. The released files are found and read by :mod:`~jbkv_cli.models.matrix_game.loaders`
-(``weights``: the downloaded ``Skywork/Matrix-Game-2.0`` folder); ``gta`` (local attention of 4
-frames, not whole chunks) is refused. Memory: ``benchmarks/matrix_game_memory.py``.
+(``weights``: the downloaded ``Skywork/Matrix-Game-2.0`` folder). Memory:
+``benchmarks/matrix_game_memory.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from jbkv_cli.errors import UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.models import limits
 from jbkv_cli.models.dtypes import dtype_from_name
-from jbkv_cli.models.matrix_game.config import PRESETS, ROPE_FRAMES, Preset
+from jbkv_cli.models.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
 from jbkv_cli.models.matrix_game.model import MatrixGame2, Settings, check_case
 
 __all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "load_model"]
@@ -50,6 +51,7 @@ OPTIONS: dict[str, Spec] = {
     "dtype": limits.DTYPE,
     "attention_backend": Spec("str", choices=("fused", "flex", "reference")),
     "init_seed": limits.SEED,
+    "local_attn_size": Spec("int", lo=3, hi=3 * limits.MAX_CHUNKS),
 }
 
 
@@ -76,12 +78,10 @@ def _resolved(options: dict[str, Any]) -> tuple[Settings, Preset, dict[str, Any]
     opt = parse_options(OPTIONS, options, "matrix-game-2", sep=": ", error=UsageError)
     config = str(opt.get("config", "universal"))
     preset = PRESETS[config]
+    if "local_attn_size" in opt:  # latent frames, the current chunk included (upstream's)
+        preset = with_local(preset, int(opt["local_attn_size"]))
     local, k = preset.dit.local_attn_size, preset.chunk_frames
-    if local % k or local < k:
-        raise UsageError(
-            f"matrix-game-2: config={config}'s local attention of {local} frames is not whole "
-            f"chunks of {k} (jbkv's caches hold whole chunks); universal and templerun are"
-        )
+    commit = k if local % k == 0 else 1  # GTA's 4 frames: the window kept frame by frame
     if config == "tiny-random" and opt.get("weights") is not None:
         raise UsageError("matrix-game-2: config=tiny-random builds random weights; no weights=")
     chunks = _chunks(opt, preset)
@@ -99,7 +99,8 @@ def _resolved(options: dict[str, Any]) -> tuple[Settings, Preset, dict[str, Any]
         config=config,
         num_chunks=chunks,
         chunk_frames=k,
-        window=local // k - 1,
+        window=(local - k) // commit,
+        commit_frames=commit,
         height=preset.height,
         width=preset.width,
         fps=preset.fps,

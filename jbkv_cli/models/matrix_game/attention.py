@@ -6,7 +6,8 @@ Upstream's cached path (``CausalWanSelfAttention`` and the ActionModule's ``kv_c
 its last ``local_attn_size`` frames (× 880 tokens for the main cache), the current chunk
 included, without a mask inside the window. With chunks of ``k`` frames and ``local_attn_size``
 a multiple of ``k`` that is the current chunk plus ``local/k − 1`` finished chunks:
-:class:`CachedAttention` gives each :class:`~jbkv_cli.kvcache.ChunkKVCache` that window.
+:class:`CachedAttention` gives each :class:`~jbkv_cli.kvcache.ChunkKVCache` that window; else
+(GTA: 4 frames) it commits frame by frame (``splits``) and the caches keep ``local − k`` frames.
 Its training path (``_prepare_blockwise_causal_attn_mask[_action]``) lets a query of frame
 ``f`` see key frames ``[end(f) − local, end(f))`` with ``end(f)`` the end of ``f``'s chunk:
 :class:`MaskedAttention` applies exactly that to a whole sequence.
@@ -36,21 +37,29 @@ class CachedAttention:
         self.main, self.mouse_caches, self.keyboard_caches = main, mouse, keyboard
         self.backend = backend
         self.commit = False
+        # (main, action) tokens per committed piece; None: the chunk in one commit
+        self.splits: tuple[int, int] | None = None
 
-    def _run(self, cache: ChunkKVCache, q, k, v) -> torch.Tensor:
+    def _run(self, cache: ChunkKVCache, q, k, v, split: int | None) -> torch.Tensor:
         out = cache.attend(q, k, v, scale=q.shape[-1] ** -0.5, backend=self.backend)
-        if self.commit:
+        if self.commit and split is None:
             cache.commit(k, v)
+        elif self.commit:
+            for kk, vv in zip(k.split(split, dim=2), v.split(split, dim=2), strict=True):
+                cache.commit(kk.contiguous(), vv.contiguous())
         return out.to(v.dtype)
 
+    def _split(self, i: int) -> int | None:
+        return None if self.splits is None else self.splits[i]
+
     def self_attn(self, layer, q, k, v):
-        return self._run(self.main[layer], q, k, v)
+        return self._run(self.main[layer], q, k, v, self._split(0))
 
     def mouse(self, layer, q, k, v):
-        return self._run(self.mouse_caches[layer], q, k, v)
+        return self._run(self.mouse_caches[layer], q, k, v, self._split(1))
 
     def keyboard(self, layer, q, k, v):
-        return self._run(self.keyboard_caches[layer], q, k, v)
+        return self._run(self.keyboard_caches[layer], q, k, v, self._split(1))
 
 
 def local_mask(q_frames: torch.Tensor, k_frames: torch.Tensor, chunk: int, local: int):

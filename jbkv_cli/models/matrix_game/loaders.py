@@ -35,7 +35,8 @@ ENV_VAR = "JBKV_MATRIX_GAME_DIR"
 DIT_FILES = {
     "universal": "base_distilled_model/base_distill.safetensors",
     "templerun": "templerun_distilled_model/templerun_7dim_onlykey.safetensors",
-}
+    "gta": "gta_distilled_model/gta_keyboard2dim.safetensors",  # not in the README: the HF
+}  # repo's listing
 VAE_FILE = "Wan2.1_VAE.pth"
 CLIP_FILE = "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth"
 

@@ -17,7 +17,10 @@ frames (chunk ``c`` = frames ``[3c, 3c + 3)``, RoPE at those absolute frames):
 
 Every cache keeps ``local_attn_size / 3 − 1`` finished chunks (6 frames: 1), no sink, as
 upstream's rolling buffers of ``local_attn_size`` frames read up to ``local_attn_size`` frames
-including the current chunk. Upstream writes each step's noisy K/V into the buffer and
+including the current chunk. When ``local_attn_size`` is not whole chunks (GTA: 4 frames), the
+clean pass commits each latent frame as its own piece and the caches keep
+``local_attn_size − 3`` of them (GTA: the previous chunk's last frame) — the same window, at
+frame granularity (methods then see one frame per commit; pruning is refused). Upstream writes each step's noisy K/V into the buffer and
 overwrites them with the clean pass; only clean K/V are read later — what jbkv stores. The last
 chunk's clean pass (which upstream runs; nothing reads it) is skipped. Conditioning
 (upstream ``inference.py``): the image, centre-cropped to 352:640 and resized, is VAE-encoded
@@ -65,7 +68,7 @@ class Settings:
     config: str
     num_chunks: int
     chunk_frames: int
-    window: int  # finished chunks each cache keeps (local_attn_size / chunk_frames − 1)
+    window: int  # committed pieces each cache keeps besides the current chunk
     height: int
     width: int
     fps: int
@@ -73,6 +76,7 @@ class Settings:
     dtype: str
     quantize_actions: bool = True
     attention_backend: str | None = None
+    commit_frames: int = 3  # latent frames per committed piece: the chunk, or 1 (GTA)
 
     @property
     def latent_frames(self) -> int:
@@ -144,7 +148,7 @@ class MatrixGame2:
             "timesteps": [round(t, 4) for t in self.schedule.timesteps],
             "clean_context": CLEAN_CONTEXT,
             "action_blocks": list(preset.dit.action.blocks),
-            "tokens_per_chunk": self.frame_tokens * s.chunk_frames,
+            "tokens_per_chunk": self.frame_tokens * s.commit_frames,
         }
 
     @property
@@ -157,7 +161,8 @@ class MatrixGame2:
         return HeadLayout(layers=d.layers, kv_heads=d.heads, frame_tokens=self.frame_tokens)
 
     def resolve_kv(self, kv: KVSpec) -> KVSpec:
-        return kv.for_model(f"{self.name}:{self.config.config}", self.frame_tokens * 3)
+        tokens = self.frame_tokens * self.config.commit_frames
+        return kv.for_model(f"{self.name}:{self.config.config}", tokens)
 
     # ------------------------------------------------------------------ inputs
 
@@ -191,6 +196,11 @@ class MatrixGame2:
         """(main caches, mouse caches, keyboard caches) for spec ``kv``."""
         s, d = self.config, self.preset.dit
         spec = self.resolve_kv(kv)
+        if spec.pruner is not None and s.commit_frames != s.chunk_frames:
+            raise UsageError(
+                f"{spec.label}: pruning needs whole-chunk commits; {s.config}'s local attention "
+                f"of {self.preset.dit.local_attn_size} frames caches frame by frame"
+            )
         main = layer_caches(
             spec, s.window, model=self.name, observer=observer, **self.head_layout()
         )
@@ -243,6 +253,8 @@ class MatrixGame2:
         main, mouse, keyboard = self.caches(kv, observer)
         layers = main if probe is None else probe.wrap(main)
         attn = CachedAttention(layers, mouse, keyboard, s.attention_backend)
+        if s.commit_frames != s.chunk_frames:  # a window that is not whole chunks: by frame
+            attn.splits = (self.frame_tokens * s.commit_frames, s.commit_frames)
         generator = noise_generator(seed, name)
         sched = self.schedule
         chunks: list[torch.Tensor] = []

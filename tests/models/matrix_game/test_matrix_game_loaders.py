@@ -22,7 +22,7 @@ def test_matrix_game_locate_lists_every_missing_file(tmp_path):
     assert "Wan2.1_VAE.pth" not in msg.split("lack:")[1]
     with pytest.raises(WeightsNotFoundError):
         check_options(config="templerun", weights=str(tmp_path))
-    with pytest.raises(JbkvError, match="not whole chunks"):
+    with pytest.raises(WeightsNotFoundError, match="gta_keyboard2dim"):
         check_options(config="gta", weights=str(tmp_path))
 
 

@@ -81,3 +81,22 @@ def test_matrix_game_int2_action_caches_are_quantized_and_reported(tiny_model, t
     assert kk["mouse"] == r["mouse"] and kk["keyboard"] == r["keyboard"]
     assert kk["main"] == qq["main"]
     assert q["kv_cache_bytes"] == sum(qq.values())
+
+
+def test_matrix_game_a_window_of_4_frames_is_kept_frame_by_frame(tiny_model, tiny_case):
+    """GTA's local attention of 4 frames (not whole chunks of 3): the caches commit frame by
+    frame and keep the previous chunk's last frame — the masked re-run with local = 4 again."""
+    from jbkv_cli.models.matrix_game import load_model
+
+    case, cond = tiny_case
+    gta = load_model(config="tiny-random", device="cpu", local_attn_size=4)
+    assert (gta.config.window, gta.config.commit_frames) == (1, 1)
+    with torch.no_grad():
+        cached, info = gta.generate_latents(cond, 0, case.name, FULL_PRECISION)
+        oracle = cache_free_latents(gta, cond, 0, case.name)
+        six, _ = tiny_model.generate_latents(cond, 0, case.name, FULL_PRECISION)
+    torch.testing.assert_close(cached, oracle, rtol=1e-4, atol=1e-4)
+    assert (cached - six).abs().max() > 1e-3  # another window, another video
+    # one frame of 4 tokens a layer: a third of the 6-frame window's chunk of 3 frames
+    _, info6 = tiny_model.generate_latents(cond, 0, case.name, FULL_PRECISION)
+    assert 3 * info["kv_cache_bytes_by_cache"]["main"] == info6["kv_cache_bytes_by_cache"]["main"]
