@@ -122,6 +122,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 pruner=spec.pruner.name if spec.pruner is not None else "none",
                 kv_ratio=ratio,
                 kv_bytes_by_head=_bytes_by_head(records),
+                kv_bytes_by_cache=_bytes_by_head(records, "kv_cache_bytes_by_cache"),
                 value_bits=spec.value.bits if spec.mixed else None,
                 token_shift=Stat.of([d.get("token_shift") for d in diag]),
             )
@@ -165,9 +166,13 @@ def _storage_note(spec, run: RunDir) -> str:
     return f" ({note})" if note else ""
 
 
-def _bytes_by_head(records: list[dict[str, Any]]) -> dict[str, int] | None:
-    """Mean peak cache bytes per head class over videos (pruned variants), else None."""
-    split = [(r.get("info") or {}).get("kv_cache_bytes_by_head") for r in records]
+def _bytes_by_head(
+    records: list[dict[str, Any]], key: str = "kv_cache_bytes_by_head"
+) -> dict[str, int] | None:
+    """Mean peak cache bytes per head class over videos (pruned variants), else None; with
+    ``key="kv_cache_bytes_by_cache"`` per cache of a model with several (Matrix-Game-2.0's
+    main, mouse and keyboard caches)."""
+    split = [(r.get("info") or {}).get(key) for r in records]
     split = [s for s in split if isinstance(s, dict)]
     if not split:
         return None

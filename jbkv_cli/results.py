@@ -88,6 +88,7 @@ class ResultRow:
     pruner: str = "none"  # the KV pruner's name (none: every cached token kept)
     kv_ratio: float | None = None  # kv_cache_bytes / the reference's, measured
     kv_bytes_by_head: dict[str, int] | None = None  # pruned: peak bytes per head class
+    kv_bytes_by_cache: dict[str, int] | None = None  # peak bytes per cache (main, mouse, ...)
     # the cached log-partition shift of the stored keys (attention/partition.py), per video the
     # mean over observed calls: measured, the part the correction predicts, what it leaves, and
     # Σ predicted / Σ measured (1: exact; > 1 over-corrects; < 0 the wrong sign)

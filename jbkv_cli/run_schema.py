@@ -141,11 +141,12 @@ def _info_problem(info: Any) -> str | None:
         value = info.get(key)
         if value is not None and not _integer(value, 1, MAX_COUNT):
             return _bad(f"info.{key}", "a positive integer", value)
-    split = info.get("kv_cache_bytes_by_head")
-    if split is not None and not (
-        isinstance(split, dict) and all(_integer(v, 0, MAX_INT) for v in split.values())
-    ):
-        return _bad("info.kv_cache_bytes_by_head", "an object of byte counts", split)
+    for key in ("kv_cache_bytes_by_head", "kv_cache_bytes_by_cache"):
+        split = info.get(key)
+        if split is not None and not (
+            isinstance(split, dict) and all(_integer(v, 0, MAX_INT) for v in split.values())
+        ):
+            return _bad(f"info.{key}", "an object of byte counts", split)
     return None
 
 

@@ -314,6 +314,12 @@ def _print_report(
                 f"reference's ({split} MB)",
                 highlight=False,
             )
+    for r in rows:
+        if r.kv_bytes_by_cache and r.kv_cache_bytes is not None:
+            split = ", ".join(f"{k} {v / 2**20:.3f}" for k, v in r.kv_bytes_by_cache.items())
+            out.print(
+                f"  {r.label}: KV {r.kv_cache_bytes / 2**20:.3f} MB ({split} MB)", highlight=False
+            )
     if made:
         err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
     err.print(f"page: {page}", highlight=False)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.commands.experiment import NO_LAYOUT
-from jbkv_cli.commands.groups import ModelFlags, Prompts, check_model, load, with_groups
+from jbkv_cli.commands.groups import Inputs, ModelFlags, check_model, load, with_groups
 from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.models.base import PrunableModel
@@ -84,7 +84,7 @@ def profile_heads(
             f"({DEFAULT_ANCHOR_FRAMES}).",
         ),
     ] = None,
-    inputs: Prompts = Prompts(),
+    inputs: Inputs = Inputs(),
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """Profile attention heads for Forcing-KV: frame-level attention mass with a full-precision
@@ -93,15 +93,20 @@ def profile_heads(
     chosen = _rule(rule, threshold, last_frames, skip_frames, anchor_frames)
     check_model(model)
     check_output_file(out_path, "--out")
-    items = inputs.prompt_items(model)
-    m = load(model, flags.options(model))
+    options = flags.options(model)
+    items = inputs.items(model, options)  # --cases: image + actions models (matrix-game-2)
+    m = load(model, options)
     if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
+    takes_cases = getattr(m, "profiles_cases", False)
+    for case, _ in items:
+        if not case.prompt_only and not takes_cases:
+            raise UsageError(f"profile-heads profiles {model} on prompts only, not on {case.name}")
     layout = m.head_layout()
     probe = FrameMassProbe(layout["frame_tokens"])
-    for text, seed_list in items:
+    for case, seed_list in items:
         for seed in seed_list:
-            m.profile_heads(text, seed, probe)
+            m.profile_heads(case if takes_cases else case.prompt, seed, probe)
     try:
         measured = summarize(probe, layout["layers"], layout["kv_heads"], chosen)
     except ValueError as exc:
@@ -140,7 +145,7 @@ def _rule(
     )
 
 
-def _command(model: str, rule: Rule, inputs: Prompts, flags: ModelFlags, out_path: Path) -> str:
+def _command(model: str, rule: Rule, inputs: Inputs, flags: ModelFlags, out_path: Path) -> str:
     """The command line that makes this profile again (options resolved)."""
     args = ["jbkv", "profile-heads", "--model", model, "--rule", rule.name]
     if rule.name == "local-mass":

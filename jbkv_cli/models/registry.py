@@ -28,6 +28,7 @@ MODELS: dict[str, str] = {
     "self-forcing": "jbkv_cli.models.self_forcing:load_model",
     "rolling-forcing": "jbkv_cli.models.rolling_forcing:load_model",
     "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
+    "matrix-game-2": "jbkv_cli.models.matrix_game:load_model",
 }
 
 DEFAULT_MODEL = "tiny"

@@ -12,7 +12,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from jbkv_cli.cli import app
-from jbkv_cli.commands.groups import Inputs, ModelFlags, OptionGroup, Prompts, with_groups
+from jbkv_cli.commands.groups import Inputs, ModelFlags, OptionGroup, with_groups
 from jbkv_cli.commands.variants import CacheFlags, SweepFlags
 from jbkv_cli.errors import UsageError
 
@@ -26,7 +26,7 @@ def _params(command: str) -> set[str]:
     [
         ("generate", (CacheFlags, Inputs, ModelFlags)),
         ("quantize-eval", (SweepFlags, Inputs, ModelFlags)),
-        ("profile-heads", (Prompts, ModelFlags)),
+        ("profile-heads", (Inputs, ModelFlags)),
     ],
 )
 def test_every_field_of_a_group_is_an_option_of_each_command_that_takes_it(command, groups):

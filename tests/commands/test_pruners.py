@@ -208,6 +208,7 @@ def test_every_registered_adapter_can_be_pruned_and_profiled():
         "self-forcing": "jbkv_cli.models.self_forcing.model:SelfForcing",
         # profiled; pruning it is a usage error (tests/models/self_forcing/test_rolling_forcing)
         "rolling-forcing": "jbkv_cli.models.rolling_forcing.model:RollingForcing",
+        "matrix-game-2": "jbkv_cli.models.matrix_game.model:MatrixGame2",
     }
     # HY-WorldPlay re-selects its memory every chunk (no frame history for Forcing-KV to keep):
     # it has no head layout, so pruning and profiling it are the usage error tested below
