@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
+from jbkv_cli.metrics.chunks import chunk_frames_of, chunk_of, first_chunk_frames_of, per_chunk
 from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir, video_name
@@ -74,7 +74,9 @@ def _chunked(
         return int(entry.get("first_chunk", 0)), int(entry.get("chunk_frames", 1)), lists
     if not all(f"{m}_per_frame" in entry for m in METRICS):
         return None
-    length = chunk_frames_of(record, settings) or 1
+    length = chunk_frames_of(record, settings)
+    first = first_chunk_frames_of(record, settings) if length else None
+    length = length or 1
     skipped = int(entry.get("skipped_frames", 0))
-    lists = {m: per_chunk(entry[f"{m}_per_frame"], length, skipped) for m in METRICS}
-    return skipped // length, length, lists
+    lists = {m: per_chunk(entry[f"{m}_per_frame"], length, skipped, first) for m in METRICS}
+    return chunk_of(skipped, length, first), length, lists

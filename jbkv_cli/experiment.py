@@ -27,7 +27,7 @@ from jbkv_cli.console import err, visible
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metric_shards import merge_shards, save_scores
-from jbkv_cli.metrics.chunks import chunk_frames_of
+from jbkv_cli.metrics.chunks import chunk_frames_of, first_chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import CasePlanner, VideoModel
@@ -304,7 +304,7 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
     return record
 
 
-Pair = tuple[str, str, int | None]  # (variant, video name, chunk frames)
+Pair = tuple[str, str, int | None, int | None]  # (variant, video, chunk frames, first chunk's)
 
 
 class Scoring:
@@ -347,7 +347,7 @@ class Scoring:
             for rec in run.records(vid):
                 name = video_name(rec["prompt"], rec["index"])
                 if name in refs and (name not in done or _stale(done[name], self.scorer)):
-                    todo.append((vid, name, chunk_frames_of(rec, settings)))
+                    todo.append((vid, name, *_chunks(rec, settings)))
         return todo
 
     def start(self, pairs: list[Pair], progress: Progress | None = None) -> None:
@@ -360,7 +360,7 @@ class Scoring:
     def add(self, vid: str, name: str, record: dict[str, Any]) -> None:
         """Queue a video this process just generated, and score what is ready."""
         settings = self.run.manifest.get("settings", {})
-        self._queue([(vid, name, chunk_frames_of(record, settings))])
+        self._queue([(vid, name, *_chunks(record, settings))])
 
     def _queue(self, pairs: list[Pair]) -> None:
         self._pending += pairs
@@ -395,7 +395,7 @@ class Scoring:
     def _ready(self, pair: Pair) -> bool:
         return self.run.is_done(self.run.reference, pair[1])
 
-    def _score(self, vid: str, name: str, chunk_frames: int | None) -> None:
+    def _score(self, vid: str, name: str, chunk_frames: int | None, first: int | None) -> None:
         run = self.run
         if self._ref is None or self._ref[0] != name:
             self._ref = (name, run.load_frames(run.reference, name))
@@ -406,6 +406,7 @@ class Scoring:
             self.scorer,
             name=name,
             chunk_frames=chunk_frames,
+            first_chunk_frames=first,
         )
         entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
         save_scores(run, "fidelity", vid, {name: entry})
@@ -436,8 +437,13 @@ def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = Tru
 def _deal(pairs: list[Pair]) -> list[Pair]:
     """This rank's share of ``pairs``: those of its share of their references (round-robin), so
     each reference is decoded by one rank."""
-    mine = set(distributed.shard(list(dict.fromkeys(name for _, name, _ in pairs))))
+    mine = set(distributed.shard(list(dict.fromkeys(p[1] for p in pairs))))
     return [p for p in pairs if p[1] in mine]
+
+
+def _chunks(record: dict[str, Any], settings: dict[str, Any]) -> tuple[int | None, int | None]:
+    """A video's chunk length and its first chunk's (:mod:`jbkv_cli.metrics.chunks`)."""
+    return chunk_frames_of(record, settings), first_chunk_frames_of(record, settings)
 
 
 def _stale(entry: dict[str, Any], scorer) -> bool:

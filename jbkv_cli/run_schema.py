@@ -156,7 +156,7 @@ _PSNR = (-_SLACK, PSNR_CAP_DB + _SLACK, f"[0, {PSNR_CAP_DB:g}]")
 _SSIM = (-1.0 - _SLACK, 1.0 + _SLACK, "[-1, 1]")
 _LPIPS = (-_SLACK, 100.0, "[0, 100]")
 _RANGES = {"psnr": _PSNR, "psnr_pooled": _PSNR, "ssim": _SSIM, "lpips": _LPIPS}
-_COUNTS = {"first_chunk": 0, "chunk_frames": 1, "skipped_frames": 0}
+_COUNTS = {"first_chunk": 0, "chunk_frames": 1, "first_chunk_frames": 1, "skipped_frames": 0}
 
 
 def score_problem(entry: Any) -> str | None:

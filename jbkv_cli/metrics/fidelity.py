@@ -35,7 +35,7 @@ import torch
 
 from jbkv_cli import distributed
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
+from jbkv_cli.metrics.chunks import chunk_frames_of, chunk_of, first_chunk_frames_of, per_chunk
 from jbkv_cli.metrics.perceptual import DESCRIPTION as LPIPS_DESCRIPTION
 from jbkv_cli.metrics.perceptual import LpipsAlex, try_load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
@@ -81,6 +81,7 @@ class VideoScores:
     lpips_per_frame: list[float] | None = field(default=None, repr=False)
     chunk_frames: int = 1
     first_chunk: int = 0
+    first_chunk_frames: int | None = None  # None: a full chunk (metrics/chunks.py)
     psnr_per_chunk: list[float] = field(default_factory=list, repr=False)
     ssim_per_chunk: list[float] = field(default_factory=list, repr=False)
     lpips_per_chunk: list[float] | None = field(default=None, repr=False)
@@ -128,10 +129,13 @@ def compare_videos(
     name: str | None = None,
     device: torch.device | str | None = None,
     chunk_frames: int | None = None,
+    first_chunk_frames: int | None = None,
 ) -> VideoScores:
     """Score ``test`` against ``ref`` (paths, or uint8 frames [T, H, W, 3]).
 
     ``chunk_frames``: frames per generated chunk, for the per-chunk (drift) lists; None -> 1.
+    ``first_chunk_frames``: frames of the first chunk when it is shorter (a causal VAE's;
+    :mod:`jbkv_cli.metrics.chunks`); None -> a full chunk. Ignored when ``chunk_frames`` is None.
     """
     ref_frames, ref_label = _frames(ref, "ref")
     test_frames, test_label = _frames(test, "test")
@@ -148,8 +152,9 @@ def compare_videos(
     if skip_frames < 0:
         raise JbkvError(f"skip_frames must be >= 0, got {skip_frames}")
     chunk = 1 if chunk_frames is None else chunk_frames
-    if chunk < 1:
-        raise JbkvError(f"chunk_frames must be >= 1, got {chunk_frames}")
+    first = None if chunk_frames is None or first_chunk_frames == chunk else first_chunk_frames
+    if chunk < 1 or (first is not None and first < 1):
+        raise JbkvError(f"chunk_frames must be >= 1, got {chunk_frames} (first {first})")
     if skip_frames >= ref_frames.shape[0]:
         raise JbkvError(
             f"skip_frames={skip_frames} leaves no frames to compare in {ref_label} "
@@ -192,10 +197,11 @@ def compare_videos(
         ssim_per_frame=ssim_t.tolist(),
         lpips_per_frame=None if lpips_t is None else lpips_t.tolist(),
         chunk_frames=chunk,
-        first_chunk=skip_frames // chunk,
-        psnr_per_chunk=per_chunk(psnr_t, chunk, skip_frames),
-        ssim_per_chunk=per_chunk(ssim_t, chunk, skip_frames),
-        lpips_per_chunk=None if lpips_t is None else per_chunk(lpips_t, chunk, skip_frames),
+        first_chunk=chunk_of(skip_frames, chunk, first),
+        first_chunk_frames=first,
+        psnr_per_chunk=per_chunk(psnr_t, chunk, skip_frames, first),
+        ssim_per_chunk=per_chunk(ssim_t, chunk, skip_frames, first),
+        lpips_per_chunk=None if lpips_t is None else per_chunk(lpips_t, chunk, skip_frames, first),
     )
 
 
@@ -214,7 +220,8 @@ def compare_dirs(
     ``lpips``: True loads LPIPS-AlexNet offline (unavailable -> a warning, no LPIPS column),
     False disables it, or pass a loaded ``LpipsAlex``. Missing partners raise ``JbkvError``
     unless ``allow_missing``, which skips them with a warning. ``chunk_frames`` None: read it
-    from the jbkv record (``<name>.json``) beside each test video, else 1 (per frame).
+    from the jbkv record (``<name>.json``) beside each test video (with its first chunk's
+    length), else 1 (per frame).
     """
     warnings: list[str] = []
     refs = _scan(Path(ref_dir), "reference", warnings)
@@ -263,7 +270,7 @@ def compare_dirs(
             scorer,
             name=names[k],
             device=device,
-            chunk_frames=chunk_frames or _recorded_chunk_frames(tests[k]),
+            **({"chunk_frames": chunk_frames} if chunk_frames else _recorded_chunks(tests[k])),
         )
 
     # Under torchrun each rank scores its share of the pairs and every rank gets all scores.
@@ -353,13 +360,19 @@ def _label(key: str | Identity) -> str:
     return f"{folder + '/' if folder else ''}{prompt[:40]} (seed {seed})"
 
 
-def _recorded_chunk_frames(video: Path) -> int | None:
-    """Frames per chunk from the jbkv record beside ``video``, if there is a readable one."""
+def _recorded_chunks(video: Path) -> dict[str, int | None]:
+    """``chunk_frames`` and ``first_chunk_frames`` from the jbkv record beside ``video``, if
+    there is a readable one (else both None: per frame)."""
     try:
         record = json.loads(video.with_suffix(".json").read_text())
     except (OSError, ValueError):
-        return None
-    return chunk_frames_of(record) if isinstance(record, dict) else None
+        record = None
+    if not isinstance(record, dict):
+        return {"chunk_frames": None, "first_chunk_frames": None}
+    return {
+        "chunk_frames": chunk_frames_of(record),
+        "first_chunk_frames": first_chunk_frames_of(record),
+    }
 
 
 def _frames(source: str | Path | torch.Tensor, label: str) -> tuple[torch.Tensor, str]:

@@ -21,6 +21,7 @@ from jbkv_cli.errors import UsageError, WeightsNotFoundError
 from jbkv_cli.fields import Spec
 from jbkv_cli.jsonio import FileReadError, read_json
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KeyRope, KVSpec
+from jbkv_cli.metrics.chunks import causal_vae_chunks
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.diffusers_cache import wan_key_rope
@@ -131,8 +132,9 @@ def chunk_video(
     components: Any, config: Any, latents: torch.Tensor, label: str, info: dict[str, Any]
 ) -> Video:
     """Decode ``latents`` with ``components.vae`` into a :class:`Video` whose info records the
-    run settings (``config``: dtype, device, chunk_frames, num_chunks, window, fps), the cache
-    variant ``label``, the weights and ``info`` (with ``kv_cache_bytes``)."""
+    run settings (``config``: dtype, device, chunk_frames, num_chunks, window, fps), the decoded
+    chunks' frame counts (the causal VAE's first chunk is 3 frames short), the cache variant
+    ``label``, the weights and ``info`` (with ``kv_cache_bytes``)."""
     with torch.no_grad():
         frames = decode_wan(components.vae, latents)
     record = {
@@ -143,6 +145,7 @@ def chunk_video(
         "window": config.window,
         "kv": label,
         "weights": components.source,
+        **causal_vae_chunks(config.chunk_frames, vae_scale(components.vae)[0]),
         **info,
     }
     return Video(

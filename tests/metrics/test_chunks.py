@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.metrics.chunks import chunk_frames_of, per_chunk
+from jbkv_cli.metrics.chunks import (
+    causal_vae_chunks,
+    chunk_frames_of,
+    chunk_of,
+    first_chunk_frames_of,
+    per_chunk,
+)
 from jbkv_cli.metrics.fidelity import compare_videos
 
 
@@ -17,6 +23,45 @@ def test_per_chunk_means_align_to_frame_zero():
     assert per_chunk([], 4) == []
     with pytest.raises(ValueError):
         per_chunk(x, 0)
+
+
+def test_a_short_first_chunk_moves_every_boundary():
+    """A causal VAE's chunks: 13 frames, then 16 (HY-WorldPlay); frame f's chunk."""
+    x = torch.arange(45, dtype=torch.float64)  # 13 + 16 + 16
+    assert per_chunk(x, 16, first_frames=13) == [6.0, 20.5, 36.5]
+    assert per_chunk(x, 16) == [7.5, 23.5, 38.0]  # the old (frame 0-aligned) boundaries
+    assert per_chunk(x[5:], 16, skipped=5, first_frames=13) == [8.5, 20.5, 36.5]
+    assert per_chunk(x[20:], 16, skipped=20, first_frames=13) == [24.0, 36.5]
+    assert [chunk_of(f, 16, 13) for f in (0, 12, 13, 28, 29)] == [0, 0, 1, 1, 2]
+    assert chunk_of(torch.tensor([0, 12, 13, 29]), 4, 13).tolist() == [0, 0, 1, 5]
+    assert per_chunk(x, 16, first_frames=16) == per_chunk(x, 16)
+    with pytest.raises(ValueError):
+        per_chunk(x, 16, first_frames=0)
+    assert causal_vae_chunks(4, 4) == {"frames_per_chunk": 16, "first_chunk_frames": 13}
+    assert causal_vae_chunks(1, 4) == {"frames_per_chunk": 4, "first_chunk_frames": 1}
+
+
+def test_first_chunk_frames_of_reads_the_record_then_the_settings():
+    assert (
+        first_chunk_frames_of({"info": {"first_chunk_frames": 9}}, {"first_chunk_frames": 5}) == 9
+    )
+    assert first_chunk_frames_of({"info": {}}, {"first_chunk_frames": 5}) == 5
+    for bad in (0, -1, True, "9", None):
+        assert first_chunk_frames_of({"info": {"first_chunk_frames": bad}}) is None
+
+
+def test_a_scored_pair_with_a_short_first_chunk():
+    g = torch.Generator().manual_seed(1)
+    ref = torch.randint(0, 256, (21, 16, 16, 3), generator=g, dtype=torch.uint8)
+    test = ref.clone()
+    test[5:] = test[5:] // 2  # chunk 0 (frames 0-4) exact, chunks 1, 2 damaged
+    s = compare_videos(ref, test, chunk_frames=8, first_chunk_frames=5)
+    assert (s.first_chunk, s.first_chunk_frames, len(s.psnr_per_chunk)) == (0, 5, 3)
+    assert s.psnr_per_chunk[0] == 100.0 and max(s.psnr_per_chunk[1:]) < 100.0
+    late = compare_videos(ref, test, skip_frames=6, chunk_frames=8, first_chunk_frames=5)
+    assert late.first_chunk == 1 and len(late.psnr_per_chunk) == 2
+    full = compare_videos(ref, test, chunk_frames=8, first_chunk_frames=8)
+    assert full.first_chunk_frames is None and full.psnr_per_chunk[0] < 100.0
 
 
 @pytest.mark.parametrize(
@@ -66,3 +111,7 @@ def test_compare_dirs_reads_the_chunk_length_from_the_record_beside_the_video(tm
     assert result.videos[0].chunk_frames == 4 and len(result.videos[0].psnr_per_chunk) == 2
     forced = compare_dirs(tmp_path / "ref", tmp_path / "test", lpips=False, chunk_frames=2)
     assert len(forced.videos[0].psnr_per_chunk) == 4
+    info = {"frames_per_chunk": 4, "first_chunk_frames": 1}  # a frame-wise causal-VAE model
+    (tmp_path / "test" / "a-0.json").write_text(json.dumps({"info": info}))
+    short = compare_dirs(tmp_path / "ref", tmp_path / "test", lpips=False).videos[0]
+    assert short.first_chunk_frames == 1 and len(short.psnr_per_chunk) == 3  # 1 + 4 + 3

@@ -207,6 +207,8 @@ def test_generate_tiny_full_precision_is_a_video(tiny_model):
     assert isinstance(video, Video)
     assert video.frames.shape == (21, 32, 32, 3) and video.frames.dtype == torch.uint8
     assert done == [(1, 3), (2, 3), (3, 3)]
+    # chunks of 2 latent frames decode to 8 frames, the first to 5: 5 + 8 + 8 = 21
+    assert (video.info["first_chunk_frames"], video.info["frames_per_chunk"]) == (5, 8)
     # 2 CFG branches x 2 layers x 2 cached chunks x (K and V) x [1, 2 heads, 8 tokens, 32] fp32
     assert video.kv_cache_bytes == 2 * 2 * 2 * 2 * (2 * 8 * 32) * 4
     assert video.info["dtype"] == "float32" and video.info["cfg_branches"] == 2

@@ -20,6 +20,7 @@ from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.kvcache import KVSpec
+from jbkv_cli.metrics.chunks import causal_vae_chunks
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.hy_worldplay.config import DiTConfig, Schedule
 from jbkv_cli.models.hy_worldplay.dit import WorldPlayDiT
@@ -256,6 +257,7 @@ class HYWorldPlay:
             "steps": self.schedule.steps,
             "dtype": self.settings["dtype"],
             "num_chunks": self.gen.num_chunks,
+            **causal_vae_chunks(self.schedule.chunk_latents, self.schedule.temporal_compression),
             "memory": cond.plan,
             **info,
         }

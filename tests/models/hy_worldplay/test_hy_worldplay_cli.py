@@ -66,6 +66,11 @@ def test_hy_worldplay_generate_end_to_end(run_dir):
         assert (run / "videos" / variant / "1-w-7-0.mkv").is_file()
         record = json.loads((run / "videos" / variant / "1-w-7-0.json").read_text())
         assert record["frames"][:3] == [29, 16, 16]
+        # the causal VAE's first chunk is 13 frames, the next 16 (drift is per chunk, not frame)
+        assert (record["info"]["first_chunk_frames"], record["info"]["frames_per_chunk"]) == (
+            13,
+            16,
+        )
         assert record["info"]["memory"] == case["plan"]["memory"]
         assert set(record["info"]["kv_cache_bytes_by_branch"]) == {"text", "rope", "prope"}
     q = json.loads((run / "videos" / "int2-rtn-g32-taylor" / "1-w-7-0.json").read_text())

@@ -234,6 +234,8 @@ def test_self_forcing_generate_tiny_full_precision_is_a_video(tiny_model):
     assert isinstance(video, Video)
     assert video.frames.shape == (33, 32, 32, 3) and video.frames.dtype == torch.uint8
     assert done == [(1, 3), (2, 3), (3, 3)]
+    # chunks of 3 latent frames decode to 12 frames, the first to 9: 9 + 12 + 12 = 33
+    assert (video.info["first_chunk_frames"], video.info["frames_per_chunk"]) == (9, 12)
     # 2 layers x 2 cached chunks x (K and V) x [1, 2 heads, 12 tokens, 32] fp32
     assert video.kv_cache_bytes == 2 * 2 * 2 * (2 * 12 * 32) * 4
     assert video.info["timesteps"] == [1000.0, 937.5, 833.3333, 625.0]
