@@ -31,7 +31,10 @@ reports to an active :class:`WorkingMeter`), the bytes that are live at the read
   values (values expanded to the query heads), and per block of ``n`` observed queries a few
   float32 ``[B, Hq, n, Lk]`` score and probability tensors (:data:`DIAG_SCORE_TENSORS`).
 
-``working = view + max(attend, output + diagnostics)``: the two phases of a read do not overlap.
+A variant's **working bytes** are ``view + attend`` of its largest read (without the
+diagnostics' copies: what the variant itself needs); a run that records diagnostics holds
+``view + refs + max(attend, output + diagnostics)`` (the two phases of a read do not overlap),
+kept beside it as ``with_diagnostics``.
 Small tensors (``[..., G]`` temporaries freed before the peak, scalars) are left out; the test
 (``tests/attention/test_memory.py``) checks the sum against the sizes of the tensors a
 ``TorchDispatchMode`` sees allocated and alive during one call, within 3 %. Not counted: a
@@ -49,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -159,33 +162,44 @@ def diagnostics_nbytes(s: ReadShape, observed: int) -> int:
 
 @dataclass(frozen=True)
 class ReadBytes:
-    """One read's accounting: ``view``, ``attend`` and ``diagnostics`` (0 when not observed)
-    and the attention output (alive while diagnostics run); ``total`` is the working bytes."""
+    """One read's accounting: ``view`` (without the full-precision copies), ``refs`` (those
+    copies), ``attend``, the attention ``output`` (alive while diagnostics run) and
+    ``diagnostics`` (0 when not observed). ``read`` is what the variant itself needs;
+    ``total`` what this read held with the diagnostics' share."""
 
     view: int
     attend: int
     output: int
+    refs: int = 0
     diagnostics: int = 0
     path: str = "plain"
 
     @property
+    def read(self) -> int:
+        return self.view + self.attend
+
+    @property
     def total(self) -> int:
-        return self.view + max(self.attend, self.output + self.diagnostics)
+        return self.view + self.refs + max(self.attend, self.output + self.diagnostics)
 
 
 def read_bytes(s: ReadShape, path: str, form: str | None = None, observed: int = 0) -> ReadBytes:
     """The working bytes of one read (module docstring); ``observed`` queries of diagnostics."""
     output = s.batch * s.q_heads * s.queries * s.head_dim * s.compute_bytes
     diag = diagnostics_nbytes(s, observed) if observed else 0
-    return ReadBytes(view_nbytes(s), attend_nbytes(s, path, form), output, diag, path)
+    view = view_nbytes(replace(s, ref_bytes=0))
+    refs = view_nbytes(s) - view
+    return ReadBytes(view, attend_nbytes(s, path, form), output, refs, diag, path)
 
 
 @dataclass
 class WorkingMeter:
-    """The largest read of a generation (:func:`metering`): ``peak`` (a :class:`ReadBytes`) and
-    how many reads were accounted."""
+    """The largest reads of a generation (:func:`metering`): ``peak`` by :attr:`ReadBytes.read`
+    (the variant's own working bytes), ``peak_total`` by :attr:`ReadBytes.total` (with the
+    diagnostics' share), and how many reads were accounted."""
 
     peak: ReadBytes | None = None
+    peak_total: ReadBytes | None = None
     reads: int = 0
     _last: tuple[ReadShape, str, str | None] | None = field(default=None, repr=False)
 
@@ -201,17 +215,27 @@ class WorkingMeter:
             self._keep(read_bytes(s, path, form, observed=queries))
 
     def _keep(self, r: ReadBytes) -> None:
-        if self.peak is None or r.total > self.peak.total:
+        if self.peak is None or r.read > self.peak.read:
             self.peak = r
+        if self.peak_total is None or r.total > self.peak_total.total:
+            self.peak_total = r
 
     def to_dict(self) -> dict[str, int | str] | None:
-        """What a video record keeps (None when no read was accounted)."""
-        p = self.peak
-        if p is None:
+        """What a video record keeps (None when no read was accounted): ``read`` (the largest
+        read of the variant itself, with its ``view``/``attend`` split and ``path``) and
+        ``with_diagnostics`` (the largest read with the diagnostics' copies)."""
+        p, t = self.peak, self.peak_total
+        if p is None or t is None:
             return None
-        keys = ("total", "view", "attend", "output", "diagnostics")
-        out: dict[str, int | str] = {k: int(getattr(p, k)) for k in keys}
-        return out | {"path": p.path, "reads": self.reads}
+        return {
+            "read": p.read,
+            "view": p.view,
+            "attend": p.attend,
+            "path": p.path,
+            "with_diagnostics": t.total,
+            "diagnostics": t.total - t.read,
+            "reads": self.reads,
+        }
 
 
 _METER: contextvars.ContextVar[WorkingMeter | None] = contextvars.ContextVar(
