@@ -36,19 +36,20 @@ def bias_share_by_layer(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     per_layer: dict[str, list[float]] = {}
     per_head: dict[str, list[list[float]]] = {}
     for r in records:
-        layers = (r.get("attention_error") or {}).get("layers") or {}
-        for layer, e in layers.items():
-            s = share(e["err_bias"], e["err_quant"])
+        layers = (r.get("attention_error") or {}).get("layers") or []
+        for index, e_quant, e_bias, _, heads_quant, heads_bias in layers:
+            layer = str(index)
+            s = share(e_bias, e_quant)
             if s is not None:
                 per_layer.setdefault(layer, []).append(s)
-            heads = [share(b, q) for b, q in zip(e["heads_bias"], e["heads_quant"], strict=True)]
+            heads = [share(b, q) for b, q in zip(heads_bias, heads_quant, strict=True)]
             per_head.setdefault(layer, []).append(heads)
     if not per_layer:
         return None
     out = {}
     for layer in sorted(per_layer, key=int):
         stat = Stat.of(per_layer[layer])
-        columns = zip(*per_head.get(layer, []), strict=True)
+        columns = zip(*per_head.get(layer, []), strict=False)
         heads = [Stat.of(list(c)) for c in columns]
         out[layer] = {
             "share": None if stat is None else stat.to_dict(),

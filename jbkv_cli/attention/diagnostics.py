@@ -42,6 +42,8 @@ from jbkv_cli.attention.memory import active_meter
 from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 from jbkv_cli.attention.rope import KeyRotation, rope_taylor_bias
 
+PREDICTED_FORM = "taylor"  # the bias predicted for an uncorrected variant (bias_share.py)
+
 
 class AttentionObserver(Protocol):
     """What a cache calls: ``observe`` every ``every``-th attention call of a layer, with the
@@ -230,9 +232,9 @@ def _allowed(query_index, start: int, block: int, lc: int, lk: int, device):
 
 def _error_terms(qb, s_hat, s_ref, v_ref, cached: CachedKV, scale, corr, added, cut, allowed):
     """``(E_quant, E_bias)`` per head of one block (:mod:`jbkv_cli.attention.bias_share`):
-    ``β = −added`` under an active correction, else the exact bias of the stored steps; pruned
+    ``β = −added`` under an active correction, else the taylor bias of the stored steps; pruned
     tokens (``cut``) and, for causal queries, later keys (``allowed``) masked in all three."""
-    predicted = -added if added is not None else cached_bias(qb, cached, scale, "exact")
+    predicted = -added if added is not None else cached_bias(qb, cached, scale, PREDICTED_FORM)
     lk = s_ref.shape[-1]
     mask = None if cut is None else F.pad(cut, (0, lk - cut.shape[-1]))
     if allowed is not None:
@@ -343,28 +345,24 @@ class AttentionRecorder:
         return out
 
     def attention_error(self) -> dict | None:
-        """What a video record keeps of :attr:`errors` (None when nothing was observed):
-        ``layers`` ``{layer: {err_quant, err_bias, count, heads_quant, heads_bias}}`` (sums) and
-        ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant, E_bias]]`` for the heatmap."""
+        """What a video record keeps of :attr:`errors` (None when nothing was observed), sums
+        over observed calls: ``layers`` ``[[layer, E_quant, E_bias, elements, E_quant per head,
+        E_bias per head]]`` and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant, E_bias]]``
+        (the heatmap's). Lists, not objects: compact, one schema per row."""
         if not self.errors:
             return None
-        layers: dict[str, dict] = {}
-        cells: dict[tuple[int, int], list[float]] = {}
+        layers: dict[int, list] = {}
+        cells: dict[tuple[int, int], list] = {}
         for layer, step, dps, eq, eb, count in self.errors:
-            entry = layers.setdefault(
-                str(layer),
-                {"err_quant": 0.0, "err_bias": 0.0, "count": 0, "heads_quant": [0.0] * len(eq)},
-            )
-            entry.setdefault("heads_bias", [0.0] * len(eb))
-            entry["err_quant"] += sum(eq)
-            entry["err_bias"] += sum(eb)
-            entry["count"] += count * len(eq)
-            entry["heads_quant"] = [a + b for a, b in zip(entry["heads_quant"], eq, strict=True)]
-            entry["heads_bias"] = [a + b for a, b in zip(entry["heads_bias"], eb, strict=True)]
-            cell = cells.setdefault((layer, step), [0, 0.0, 0.0, 0.0])
-            cell[0] += 1
-            cell[1] += dps
-            cell[2] += sum(eq)
-            cell[3] += sum(eb)
-        rows = [[lay, st, int(c[0]), c[1], c[2], c[3]] for (lay, st), c in sorted(cells.items())]
-        return {"layers": layers, "cells": rows}
+            row = layers.setdefault(layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb)])
+            row[1] += sum(eq)
+            row[2] += sum(eb)
+            row[3] += count * len(eq)
+            row[4] = [a + b for a, b in zip(row[4], eq, strict=True)]
+            row[5] = [a + b for a, b in zip(row[5], eb, strict=True)]
+            cell = cells.setdefault((layer, step), [layer, step, 0, 0.0, 0.0, 0.0])
+            cell[2] += 1
+            cell[3] += dps
+            cell[4] += sum(eq)
+            cell[5] += sum(eb)
+        return {"layers": [layers[k] for k in sorted(layers)], "cells": sorted(cells.values())}

@@ -92,7 +92,7 @@ def test_recorder_reports_share_per_layer_head_and_step():
     assert 0 < summary["bias_share"] <= 1.0
     assert summary["attn_err_bias"] < summary["attn_err_quant"]
     err = rec.attention_error()
-    assert list(err["layers"]) == ["1"] and len(err["layers"]["1"]["heads_quant"]) == 4
+    assert [e[0] for e in err["layers"]] == [1] and len(err["layers"][0][4]) == 4
     assert [c[:3] for c in err["cells"]] == [[1, 0, 1], [1, 1, 1]]
     assert summary["bias_share"] == error_summary(rec.errors)["bias_share"]
 
