@@ -291,7 +291,7 @@ def bias_share_section(rows: list[ResultRow]) -> str:
     body = []
     for r in shown:
         by_layer = r.bias_share_by_layer or {}
-        cells = [format_stat(r.bias_share, 3)]
+        cells = [format_stat(r.bias_share, 3), format_stat(r.bias_explained, 3, True)]
         for k in layers:
             stat = Stat.from_dict((by_layer.get(k) or {}).get("share"), f"layer {k}")
             cells.append(format_stat(stat, 3))
@@ -303,9 +303,11 @@ def bias_share_section(rows: list[ResultRow]) -> str:
         "attention-output error of the exact keys with the predicted bias β added, against "
         "that of the stored keys (exact values in both; o the full-precision output). Near 1: "
         "the keys' error is the bias, which a correction can remove; near 0: rounding noise. "
+        "Explained: 1 − Σ‖softmax(ŝ)V − softmax(s + β)V‖² / Σ‖softmax(ŝ)V − o‖² (the numerator: "
+        "what removing β would leave), so a prediction of the wrong sign scores below 0. "
         "Mean ± SE over videos, overall and per layer (per head in the JSON).</p>"
         f'<table class="sortable" id="bias-share"><thead><tr><th class="text">variant</th>'
-        f'<th scope="col">all layers</th>{head}</tr></thead>\n<tbody>{"".join(body)}</tbody>'
+        f'<th scope="col">all layers</th><th scope="col">explained</th>{head}</tr></thead>\n<tbody>{"".join(body)}</tbody>'
         "</table>"
     )
 

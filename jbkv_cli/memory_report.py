@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jbkv_cli.attention.bias_share import share
+from jbkv_cli.attention.bias_share import explained, share
 from jbkv_cli.results import Stat
 
 
@@ -32,16 +32,19 @@ def memory_fields(records: list[dict[str, Any]]) -> dict[str, int | None]:
 
 
 def bias_share_by_layer(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``{layer: {"share": Stat dict over videos, "heads": [mean share per head]}}``."""
+    """``{layer: {"share", "explained": Stat dicts over videos, "heads": [mean share per
+    head]}}``."""
     per_layer: dict[str, list[float]] = {}
+    per_layer_explained: dict[str, list[float]] = {}
     per_head: dict[str, list[list[float]]] = {}
     for r in records:
         layers = (r.get("attention_error") or {}).get("layers") or []
-        for index, e_quant, e_bias, _, heads_quant, heads_bias in layers:
+        for index, e_quant, e_bias, _, heads_quant, heads_bias, e_left in layers:
             layer = str(index)
             s = share(e_bias, e_quant)
             if s is not None:
                 per_layer.setdefault(layer, []).append(s)
+                per_layer_explained.setdefault(layer, []).append(explained(e_left, e_quant))
             heads = [share(b, q) for b, q in zip(heads_bias, heads_quant, strict=True)]
             per_head.setdefault(layer, []).append(heads)
     if not per_layer:
@@ -49,10 +52,12 @@ def bias_share_by_layer(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     out = {}
     for layer in sorted(per_layer, key=int):
         stat = Stat.of(per_layer[layer])
+        expl = Stat.of(per_layer_explained[layer])
         columns = zip(*per_head.get(layer, []), strict=False)
         heads = [Stat.of(list(c)) for c in columns]
         out[layer] = {
             "share": None if stat is None else stat.to_dict(),
+            "explained": None if expl is None else expl.to_dict(),
             "heads": [None if h is None else round(h.mean, 6) for h in heads],
         }
     return out
@@ -63,7 +68,8 @@ def error_grid(records: list[dict[str, Any]]) -> dict[tuple[int, int], tuple[flo
     a ratio of sums, None where the stored keys caused no error)."""
     sums: dict[tuple[int, int], list[float]] = {}
     for r in records:
-        for layer, step, calls, dps, eq, eb in (r.get("attention_error") or {}).get("cells", []):
+        cells = (r.get("attention_error") or {}).get("cells", [])
+        for layer, step, calls, dps, eq, eb, _ in cells:
             cell = sums.setdefault((int(layer), int(step)), [0, 0.0, 0.0, 0.0])
             cell[0] += calls
             cell[1] += dps

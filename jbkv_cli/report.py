@@ -29,7 +29,12 @@ from jbkv_cli.runs import RunDir, video_name
 from jbkv_cli.tables import print_fitted
 
 LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/partition.py
-ERROR_METRICS = ("bias_share", "attn_err_quant", "attn_err_bias")  # attention/bias_share.py
+ERROR_METRICS = (
+    "bias_share",
+    "bias_explained",
+    "attn_err_quant",
+    "attn_err_bias",
+)  # attention/bias_share.py
 
 
 def reference_bits(run: RunDir) -> int:

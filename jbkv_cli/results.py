@@ -52,7 +52,7 @@ class Stat:
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
 METRICS += ("noise_z_mean", "seconds", "token_shift")
 METRICS += ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")
-METRICS += ("bias_share", "attn_err_quant", "attn_err_bias")
+METRICS += ("bias_share", "bias_explained", "attn_err_quant", "attn_err_bias")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class ResultRow:
     # the keys' attention error with the stored keys vs exact keys + the predicted bias
     # (attention/bias_share.py): the share per video, and per layer {share: Stat, heads: [mean]}
     bias_share: Stat | None = None
+    bias_explained: Stat | None = None  # 1 − Σ‖ô − o_β‖² / Σ‖ô − o‖²: direction-aware
     attn_err_quant: Stat | None = None
     attn_err_bias: Stat | None = None
     bias_share_by_layer: dict[str, Any] | None = None

@@ -163,9 +163,9 @@ def _attention_error_problem(err: Any) -> str | None:
     layers = err.get("layers")
     ok = isinstance(layers, list) and all(
         isinstance(e, list)
-        and len(e) == 6
+        and len(e) == 7
         and _integer(e[0], -1, MAX_COUNT)
-        and _numbers(e[1:3], 0, BIG)
+        and _numbers([*e[1:3], e[6]], 0, BIG)
         and _integer(e[3], 0, MAX_INT)
         and _numbers(e[4], 0, BIG)
         and _numbers(e[5], 0, BIG)
@@ -173,11 +173,13 @@ def _attention_error_problem(err: Any) -> str | None:
         for e in layers
     )
     if not ok:
-        return _bad("attention_error.layers", "[[layer, E_quant, E_bias, n, [..], [..]]]", layers)
+        return _bad(
+            "attention_error.layers", "[[layer, E_quant, E_bias, n, [..], [..], E_left]]", layers
+        )
     cells = err.get("cells")
     ok = isinstance(cells, list) and all(
         isinstance(c, list)
-        and len(c) == 6
+        and len(c) == 7
         and all(_integer(x, -1, MAX_COUNT) for x in c[:2])
         and _integer(c[2], 1, MAX_COUNT)
         and _number(c[3], -BIG, BIG)

@@ -42,6 +42,7 @@ def test_bias_share_per_variant_layer_and_head(result):
         if r.is_reference:
             continue
         assert 0 < r.bias_share.mean < 1.5 and r.bias_share.n == r.videos
+        assert -1 < r.bias_explained.mean < 1
         layers = r.bias_share_by_layer
         assert layers and all(len(e["heads"]) > 0 for e in layers.values())
     json_rows = {row["variant"]: row for row in data["rows"]}
@@ -83,8 +84,8 @@ def test_gate_compares_working_bytes_relative(result):
     [
         ("working_bytes", {"read": -1}, "working_bytes.read"),
         ("cuda_memory", {"peak_bytes": 1.5}, "cuda_memory.peak_bytes"),
-        ("attention_error", {"layers": [[0, 1.0, 1.0, 4, [1.0], []]]}, "attention_error.layers"),
-        ("attention_error", {"layers": [], "cells": [[0, 0, 0, 0.0, 1.0, 1.0]]}, "cells"),
+        ("attention_error", {"layers": [[0, 1.0, 1.0, 4, [1.0], [], 0.0]]}, "error.layers"),
+        ("attention_error", {"layers": [], "cells": [[0, 0, 0, 0.0, 1.0, 1.0, 0.0]]}, "cells"),
     ],
 )
 def test_damaged_memory_fields_are_named(field, value, named):

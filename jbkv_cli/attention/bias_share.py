@@ -23,6 +23,13 @@ before a sweep is run; above 1 the prediction overshoots the error it is meant t
 two errors add only to first order (``E_quant ≈ E_bias + E_noise`` for small independent score
 perturbations; tested), so the share is a ratio of errors, not an exact partition.
 
+The share compares sizes, not directions: a prediction of the wrong sign (taylor's ``+b`` on a
+centroid-type quantizer whose stored keys *under*-state the partition sum) reproduces an error as
+large as the right one. So beside it, **bias explained** ``1 − Σ E_left / Σ E_quant`` with
+``E_left = ‖softmax(ŝ)V − softmax(s + β)V‖²`` — to first order the error left after removing
+``β`` from the stored scores: 1 for a score error that is ``β``, about the share for ``β`` plus
+independent noise, and below 0 when removing ``β`` would make the output worse.
+
 Tokens a pruner dropped are masked in all three outputs (the split is of quantization, not of
 pruning); causal masking follows the variant's.
 """
@@ -44,8 +51,9 @@ def error_terms(
     predicted: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(E_quant, E_bias)`` per query head ``[Hq]`` (summed over batch, queries, channels).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(E_quant, E_bias, E_left)`` per query head ``[Hq]`` (summed over batch, queries,
+    channels); ``E_left = Σ‖softmax(ŝ)V − softmax(s + β)V‖²``.
 
     ``s_hat``/``s_ref``: stored and exact scores ``[..., Hq, Lq, Lk]`` (float32, cached first);
     ``predicted``: the predicted bias on the cached scores ``[..., Hq, Lq, Lc]``; ``v``: the exact
@@ -53,15 +61,16 @@ def error_terms(
     causality)."""
     lc = predicted.shape[-1]
     o_ref = _out(s_ref, v, mask)
-    e_quant = (_out(s_hat, v, mask) - o_ref).square()
+    o_hat = _out(s_hat, v, mask)
     s_bias = s_ref.clone()
     s_bias[..., :lc] += predicted
-    e_bias = (_out(s_bias, v, mask) - o_ref).square()
+    o_bias = _out(s_bias, v, mask)
     heads = s_ref.shape[-3]
-    return (
-        e_quant.movedim(-3, 0).reshape(heads, -1).sum(-1),
-        e_bias.movedim(-3, 0).reshape(heads, -1).sum(-1),
-    )
+
+    def per_head(x: torch.Tensor) -> torch.Tensor:
+        return x.square().movedim(-3, 0).reshape(heads, -1).sum(-1)
+
+    return per_head(o_hat - o_ref), per_head(o_bias - o_ref), per_head(o_hat - o_bias)
 
 
 def share(e_bias: float, e_quant: float) -> float | None:
@@ -69,17 +78,23 @@ def share(e_bias: float, e_quant: float) -> float | None:
     return e_bias / e_quant if e_quant > 0 else None
 
 
-def error_summary(
-    samples: list[tuple[int, int, float, list[float], list[float], int]],
-) -> dict[str, float | None]:
-    """A video's means over observed calls ``(layer, step, ΔP_S, E_quant[h], E_bias[h], n)``:
-    ``bias_share`` (``Σ E_bias / Σ E_quant``) and the mean squared errors per output element,
-    ``attn_err_quant`` and ``attn_err_bias``."""
+def explained(e_left: float, e_quant: float) -> float | None:
+    """``1 − E_left / E_quant`` (None when the stored keys cause no error)."""
+    return 1.0 - e_left / e_quant if e_quant > 0 else None
+
+
+def error_summary(samples: list[tuple]) -> dict[str, float | None]:
+    """A video's means over observed calls ``(layer, step, ΔP_S, E_quant[h], E_bias[h], n,
+    E_left[h])``: ``bias_share`` (``Σ E_bias / Σ E_quant``), ``bias_explained`` (``1 − Σ E_left /
+    Σ E_quant``) and the mean squared errors per output element, ``attn_err_quant`` and
+    ``attn_err_bias``."""
     e_quant = sum(sum(s[3]) for s in samples)
     e_bias = sum(sum(s[4]) for s in samples)
+    e_left = sum(sum(s[6]) for s in samples)
     count = sum(s[5] * len(s[3]) for s in samples)
     return {
         "bias_share": share(e_bias, e_quant),
+        "bias_explained": explained(e_left, e_quant),
         "attn_err_quant": e_quant / count if count else None,
         "attn_err_bias": e_bias / count if count else None,
     }

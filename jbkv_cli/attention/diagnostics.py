@@ -151,6 +151,7 @@ class AttentionStats:
     # error with the stored keys, and with the exact keys plus the predicted bias
     err_quant: torch.Tensor | None = None
     err_bias: torch.Tensor | None = None
+    err_left: torch.Tensor | None = None  # ‖softmax(ŝ)V − softmax(s + β)V‖² per head
 
 
 def compare_attention(
@@ -217,8 +218,7 @@ def compare_attention(
     stats = (torch.cat(p) if p else None for p in parts)
     out = AttentionStats(*stats, top1_shift=torch.cat(shifts))
     if errors:
-        out.err_quant = sum(e for e, _ in errors)
-        out.err_bias = sum(b for _, b in errors)
+        out.err_quant, out.err_bias, out.err_left = (sum(e[i] for e in errors) for i in range(3))
     return out
 
 
@@ -258,11 +258,9 @@ class AttentionRecorder:
     partition: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
     # per observed call of quantized keys (attention/bias_share.py): (layer, step, ΔP_S mean,
-    # E_quant per head, E_bias per head, elements per head); step: the read's index since the
-    # layer's last commit (a denoising step, or a pass of one), -1 if unknown
-    errors: list[tuple[int, int, float, list[float], list[float], int]] = field(
-        default_factory=list
-    )
+    # E_quant per head, E_bias per head, elements per head, E_left per head); step: the read's
+    # index since the layer's last commit (a denoising step, or a pass of one), -1 if unknown
+    errors: list[tuple] = field(default_factory=list)
 
     def observe(
         self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction, layer=None, step=None
@@ -292,6 +290,7 @@ class AttentionRecorder:
                     stats.err_quant.tolist(),
                     stats.err_bias.tolist(),
                     count,
+                    stats.err_left.tolist(),
                 )
             )
         if stats.lp_shift is not None:
@@ -347,20 +346,24 @@ class AttentionRecorder:
     def attention_error(self) -> dict | None:
         """What a video record keeps of :attr:`errors` (None when nothing was observed), sums
         over observed calls: ``layers`` ``[[layer, E_quant, E_bias, elements, E_quant per head,
-        E_bias per head]]`` and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant, E_bias]]``
-        (the heatmap's). Lists, not objects: compact, one schema per row."""
+        E_bias per head, E_left]]`` and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant,
+        E_bias, E_left]]`` (the heatmap's). Lists, not objects: compact, one schema per row."""
         if not self.errors:
             return None
         layers: dict[int, list] = {}
         cells: dict[tuple[int, int], list] = {}
-        for layer, step, dps, eq, eb, count in self.errors:
-            row = layers.setdefault(layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb)])
+        for layer, step, dps, eq, eb, count, el in self.errors:
+            row = layers.setdefault(
+                layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb), 0.0]
+            )
+            row[6] += sum(el)
             row[1] += sum(eq)
             row[2] += sum(eb)
             row[3] += count * len(eq)
             row[4] = [a + b for a, b in zip(row[4], eq, strict=True)]
             row[5] = [a + b for a, b in zip(row[5], eb, strict=True)]
-            cell = cells.setdefault((layer, step), [layer, step, 0, 0.0, 0.0, 0.0])
+            cell = cells.setdefault((layer, step), [layer, step, 0, 0.0, 0.0, 0.0, 0.0])
+            cell[6] += sum(el)
             cell[2] += 1
             cell[3] += dps
             cell[4] += sum(eq)

@@ -7,7 +7,7 @@ import torch
 
 from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.attention.attend import CachedKV
-from jbkv_cli.attention.bias_share import error_summary, error_terms, share
+from jbkv_cli.attention.bias_share import error_summary, error_terms, explained, share
 
 G = torch.Generator().manual_seed(7)
 HQ, LQ, LC, LCUR, D = 4, 16, 48, 16, 32
@@ -25,10 +25,24 @@ def test_pure_bias_has_share_one():
     bias = 0.3 * torch.rand(1, HQ, LQ, LC, generator=G)
     s_hat = s.clone()
     s_hat[..., :LC] += bias
-    eq, eb = error_terms(s_hat, s, bias, v)
+    eq, eb, el = error_terms(s_hat, s, bias, v)
     assert float(eq.sum()) > 0
     assert abs(share(float(eb.sum()), float(eq.sum())) - 1.0) < 1e-6
     assert torch.allclose(eq, eb, rtol=1e-5)  # per head too
+    assert abs(explained(float(el.sum()), float(eq.sum())) - 1.0) < 1e-6
+
+
+def test_a_prediction_of_the_wrong_sign_is_explained_below_zero():
+    """The share compares sizes only: −β reproduces an error as large as β's (share ≈ 1 within
+    10 %), but removing it doubles the error, so ``explained`` ≈ 1 − 4 < 0."""
+    s, v = _scores()
+    bias = 0.05 * torch.rand(1, HQ, LQ, LC, generator=G)
+    s_hat = s.clone()
+    s_hat[..., :LC] += bias
+    eq, eb, el = error_terms(s_hat, s, -bias, v)
+    total = float(eq.sum())
+    assert abs(share(float(eb.sum()), total) - 1.0) < 0.10
+    assert explained(float(el.sum()), total) < -2.5
 
 
 def test_noise_the_prediction_does_not_see_has_share_near_zero():
@@ -37,8 +51,9 @@ def test_noise_the_prediction_does_not_see_has_share_near_zero():
     s_hat = s.clone()
     s_hat[..., :LC] += 0.3 * torch.randn(1, HQ, LQ, LC, generator=G)
     tiny = torch.full((1, HQ, LQ, LC), 1e-4)
-    eq, eb = error_terms(s_hat, s, tiny, v)
+    eq, eb, el = error_terms(s_hat, s, tiny, v)
     assert share(float(eb.sum()), float(eq.sum())) < 1e-3
+    assert abs(explained(float(el.sum()), float(eq.sum()))) < 1e-2
 
 
 def test_bias_and_noise_errors_add_to_first_order():
@@ -50,11 +65,13 @@ def test_bias_and_noise_errors_add_to_first_order():
     s_hat, s_noise = s.clone(), s.clone()
     s_hat[..., :LC] += bias + noise
     s_noise[..., :LC] += noise
-    eq, eb = error_terms(s_hat, s, bias, v)
-    en, _ = error_terms(s_noise, s, bias, v)
+    eq, eb, el = error_terms(s_hat, s, bias, v)
+    en, _, _ = error_terms(s_noise, s, bias, v)
     total, e_bias, e_noise = float(eq.sum()), float(eb.sum()), float(en.sum())
     assert abs(total - (e_bias + e_noise)) < 0.10 * total
     assert 0.1 < share(e_bias, total) < 0.9
+    # removing β leaves the noise's error: explained ≈ the share (within 0.1)
+    assert abs(explained(float(el.sum()), total) - share(e_bias, total)) < 0.1
 
 
 def test_masked_tokens_carry_no_error():
@@ -64,8 +81,8 @@ def test_masked_tokens_carry_no_error():
     mask[..., :LC] = -torch.inf  # every cached token dropped: the outputs are the current keys'
     s_hat = s.clone()
     s_hat[..., :LC] += 5.0
-    eq, eb = error_terms(s_hat, s, torch.ones(1, HQ, LQ, LC), v, mask)
-    assert float(eq.abs().max()) == 0 and float(eb.abs().max()) == 0
+    terms = error_terms(s_hat, s, torch.ones(1, HQ, LQ, LC), v, mask)
+    assert all(float(t.abs().max()) == 0 for t in terms)
 
 
 def _view(quantize_noise: bool):
@@ -95,6 +112,7 @@ def test_recorder_reports_share_per_layer_head_and_step():
     assert [e[0] for e in err["layers"]] == [1] and len(err["layers"][0][4]) == 4
     assert [c[:3] for c in err["cells"]] == [[1, 0, 1], [1, 1, 1]]
     assert summary["bias_share"] == error_summary(rec.errors)["bias_share"]
+    assert summary["bias_explained"] <= 1.0
 
 
 def test_exact_keys_have_no_share():
