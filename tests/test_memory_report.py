@@ -45,6 +45,11 @@ def test_bias_share_per_variant_layer_and_head(result):
         assert -1 < r.bias_explained.mean < 1
         layers = r.bias_share_by_layer
         assert layers and all(len(e["heads"]) > 0 for e in layers.values())
+    run, _, _ = result
+    record = run.records(next(r.variant for r in rows if r.bits == 2))[0]
+    # each denoising step and the refresh pass of a chunk is a read since the layer's commit
+    steps = {cell[1] for cell in record["attention_error"]["cells"]}
+    assert steps == set(range(5))  # the embedded model: 4 Euler steps + the refresh pass
     json_rows = {row["variant"]: row for row in data["rows"]}
     assert all(
         "kv_working_bytes" in row and "bias_share_by_layer" in row for row in json_rows.values()
