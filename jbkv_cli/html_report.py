@@ -271,10 +271,11 @@ def memory_section(rows: list[ResultRow]) -> str:
     )
     return (
         "<h2>Memory</h2>"
-        '<p class="meta">Stored: the bytes of the tensors the cache holds (codes, steps, exact '
-        "tokens). Working: what the largest cache read holds at once: the dequantized window, "
-        "what attention builds from it (augmented channels, masks, bias blocks) and the "
-        f"diagnostics' full-precision copies, accounted from the shapes per backend.{peak} "
+        '<p class="meta">Stored: the bytes of the tensors the cache holds at its peak, every '
+        "layer (codes, steps, exact tokens). Working: what the largest read of one layer's "
+        "cache holds at once: the dequantized window and what attention builds from it "
+        "(augmented channels, masks, bias blocks), accounted from the shapes per backend; the "
+        f"diagnostics' full-precision copies are kept apart in each video's record.{peak} "
         "Means over videos.</p>"
         f'<table class="sortable" id="memory"><thead><tr><th class="text">variant</th>{head}'
         f"</tr></thead>\n<tbody>{''.join(body)}</tbody></table>"
