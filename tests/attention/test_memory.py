@@ -157,3 +157,19 @@ def test_cuda_peak_is_empty_without_cuda():
     with cuda_peak() as peak:
         torch.ones(4)
     assert peak == {}
+
+
+def test_cuda_peak_resets_per_block_and_states_what_was_resident(monkeypatch):
+    """The CUDA code path with the allocator's calls stubbed (no GPU here): the peak is read
+    after a reset at the block's start, the bytes resident before it are stated beside it."""
+    calls = []
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(cuda, "memory_allocated", lambda device=None: 100)
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda device=None: 700)
+    with cuda_peak() as peak:
+        assert calls == ["sync", "reset"] and peak == {}
+    assert peak == {"peak_bytes": 700, "resident_bytes": 100} and calls[-1] == "sync"
