@@ -52,7 +52,7 @@ class Capture:
     queries: int = 32
     calls: list[tuple[int, torch.Tensor, torch.Tensor, float]] = field(default_factory=list)
 
-    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale, correction, layer=None) -> None:
+    def observe(self, q, k_cur, v_cur, cached: CachedKV, scale, correction, layer=None, step=None):
         stride = max(1, -(-q.shape[-2] // self.queries))
         keys = cached.k_ref.detach().float().clone()
         self.calls.append((layer or 0, q[..., ::stride, :].detach().float().clone(), keys, scale))

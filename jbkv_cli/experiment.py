@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from jbkv_cli import distributed
 from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.attention.correction import get_correction
+from jbkv_cli.attention.memory import cuda_peak, metering
 from jbkv_cli.bit_specs import BitPair
 from jbkv_cli.cases import Case
 from jbkv_cli.console import err, visible
@@ -264,7 +265,8 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
     rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
-        video = model.generate(case, seed, spec, progress=on_chunk, observer=rec)
+        with metering() as meter, cuda_peak() as peak:
+            video = model.generate(case, seed, spec, progress=on_chunk, observer=rec)
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc
     seconds = time.perf_counter() - start
@@ -284,6 +286,10 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
         "fps": video.fps,
         "info": video.info,
         "diagnostics": None,
+        # the largest cache read's working bytes (attention/memory.py) and, on CUDA, the
+        # allocator's peak over the video with what was resident before it (the weights)
+        "working_bytes": meter.to_dict(),
+        "cuda_memory": peak or None,
     }
     if not case.prompt_only:
         record["case"] = case.to_dict()
@@ -300,6 +306,9 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
             [layer, round(shift, 6), round(predicted, 6)]
             for layer, shift, predicted in rec.partition
         ]
+        # per layer (and head) and per (layer, denoising step): the keys' attention error and
+        # the part the predicted bias explains (attention/bias_share.py)
+        record["attention_error"] = rec.attention_error()
     run.save_video(vid, name, video, record)
     return record
 

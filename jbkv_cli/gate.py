@@ -7,9 +7,11 @@ passes only when it compared something real:
    variants as the baseline (anything that differs is named);
 2. every variant of the run is complete: all its videos generated and scored;
 3. no metric of a variant is worse than the baseline's by more than its tolerance: PSNR, SSIM
-   (higher is better), LPIPS (lower), ``|ΔP_S|`` (closer to 0). Metrics the baseline lacks (LPIPS
-   without AlexNet weights) are skipped and listed as such; each quantized variant must have at
-   least one metric compared.
+   (higher is better), LPIPS (lower), ``|ΔP_S|`` (closer to 0), and the working bytes of a cache
+   read (``kv_working_bytes``, lower; its tolerance is relative, 0.05 = 5 % more than the
+   baseline's). Metrics the baseline lacks (LPIPS without AlexNet weights, working bytes in a
+   baseline made before they were recorded) are skipped and listed as such; each quantized
+   variant must have at least one metric compared.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from jbkv_cli.jsonio import read_json
 from jbkv_cli.results import ResultRow
 
 TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
-HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False}
-_METRIC_KEYS = ("psnr", "ssim", "lpips", "delta_ps")
+TOLERANCES["kv_working_bytes"] = 0.05  # relative
+HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "kv_working_bytes": False}
+_METRIC_KEYS = ("psnr", "ssim", "lpips", "delta_ps", "kv_working_bytes")
+_BYTES = ("kv_working_bytes",)  # plain ints on the row, compared relative to the baseline
 
 
 @dataclass
@@ -191,16 +195,18 @@ def _compare_row(
 ) -> set[str]:
     checked = set()
     for metric in _METRIC_KEYS:
-        b = base.mean(metric)
+        b = getattr(base, metric) if metric in _BYTES else base.mean(metric)
         if b is None:
             continue
-        c = row.mean(metric)
+        c = getattr(row, metric) if metric in _BYTES else row.mean(metric)
         if c is None or not math.isfinite(c):
             problems.append(f"{vid}: {metric} missing (baseline {b:.4f})")
             continue
         checked.add(metric)
         if metric == "delta_ps":
             worse, what, c_shown, b_shown = abs(c) - abs(b), "|ΔP_S|", abs(c), abs(b)
+        elif metric in _BYTES:
+            worse, what, c_shown, b_shown = (c - b) / b if b else 0.0, metric, c, b
         else:
             worse = b - c if HIGHER_IS_BETTER[metric] else c - b
             what, c_shown, b_shown = metric, c, b

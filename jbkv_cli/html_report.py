@@ -35,8 +35,8 @@ from jbkv_cli import __version__
 from jbkv_cli.atomic import atomic_path, write_text_atomic
 from jbkv_cli.drift import drift_series
 from jbkv_cli.errors import JbkvError
-from jbkv_cli.report import format_stat, lpips_note, table_cells
-from jbkv_cli.results import ResultRow
+from jbkv_cli.report import format_stat, lpips_note, megabytes, table_cells
+from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.runs import RunDir, video_name
 
 ASSETS = ("report.css", "report.js")
@@ -45,6 +45,10 @@ FIGURES = (
     ("drift.png", "Drift: PSNR and SSIM per chunk (mean ± SE over videos)"),
     ("delta_ps_hist.png", "Attention mass stolen by quantized cached keys (ΔP_S per query)"),
     ("frames.png", "Frames over time: reference / INT4 / INT2 / INT2 + correction"),
+    (
+        "attention_error.png",
+        "ΔP_S and the bias share of the keys' attention error per layer × denoising step",
+    ),
 )
 MIN_VIDEO_PX, MAX_VIDEO_PX = 128, 320
 
@@ -92,6 +96,8 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
         f'<p class="note">LPIPS n/a: {_bdi(note)}</p>' if note else "",
         _gains(data.get("correction_gains") or []),
         _partition(rows),
+        memory_section(rows),
+        bias_share_section(rows),
         "<h2>Figures</h2>",
         _figures(out_dir),
         "<h2>Drift over time</h2>",
@@ -144,6 +150,9 @@ _SORT_KEYS = {
     "top-1 shift ↓": lambda r: r.mean("token_shift"),
     "KV MB": lambda r: r.kv_cache_bytes,
     "KV/ref": lambda r: r.kv_ratio,
+    "work MB": lambda r: r.kv_working_bytes,
+    "peak MB": lambda r: r.cuda_peak_bytes,
+    "bias share": lambda r: r.mean("bias_share"),
     "s/video": lambda r: r.mean("seconds"),
 }
 
@@ -229,6 +238,78 @@ def _partition(rows: list[ResultRow]) -> str:
         "Mean ± SE over videos.</p>"
         f'<table class="sortable" id="partition"><thead><tr><th class="text">variant</th>{head}'
         f"</tr></thead>\n<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def memory_section(rows: list[ResultRow]) -> str:
+    """Stored, working and (CUDA) peak bytes per variant (attention/memory.py)."""
+    shown = [r for r in rows if r.kv_working_bytes is not None]
+    if not shown:
+        return ""
+    cuda = any(r.cuda_peak_bytes is not None for r in shown)
+    cols = ["stored MB", "stored/ref", "working MB / read", "working/ref"]
+    cols += ["CUDA peak MB", "resident before MB"] if cuda else []
+    head = "".join(f'<th scope="col">{_e(c)}</th>' for c in cols)
+    body = []
+    for r in shown:
+        cells = [megabytes(r.kv_cache_bytes), _ratio(r.kv_ratio), megabytes(r.kv_working_bytes)]
+        cells.append(_ratio(r.working_ratio))
+        if cuda:
+            cells += [megabytes(r.cuda_peak_bytes), megabytes(r.cuda_resident_bytes)]
+        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
+        body.append(f'<tr><td class="text">{_bdi(r.label)}</td>{tds}</tr>')
+    peak = (
+        " CUDA peak: <code>torch.cuda.max_memory_allocated</code> reset per video (weights, "
+        "activations, cache); resident before: allocated when the video began, mostly the "
+        "weights."
+        if cuda
+        else " No CUDA peak: the run was not on a GPU."
+    )
+    return (
+        "<h2>Memory</h2>"
+        '<p class="meta">Stored: the bytes of the tensors the cache holds at its peak, every '
+        "layer (codes, steps, exact tokens). Working: what the largest read of one layer's "
+        "cache holds at once: the dequantized window and what attention builds from it "
+        "(augmented channels, masks, bias blocks), accounted from the shapes per backend; the "
+        f"diagnostics' full-precision copies are kept apart in each video's record.{peak} "
+        "Means over videos.</p>"
+        f'<table class="sortable" id="memory"><thead><tr><th class="text">variant</th>{head}'
+        f"</tr></thead>\n<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def bias_share_section(rows: list[ResultRow]) -> str:
+    """The bias share of the keys' attention error per variant and layer (bias_share.py)."""
+    shown = [r for r in rows if r.bias_share is not None]
+    if not shown:
+        return ""
+    layers = sorted({k for r in shown for k in (r.bias_share_by_layer or {})}, key=int)
+    head = "".join(f'<th scope="col">layer {_e(k)}</th>' for k in layers)
+    body = []
+    for r in shown:
+        by_layer = r.bias_share_by_layer or {}
+        cells = [format_stat(r.bias_share, 3), format_stat(r.bias_explained, 3, True)]
+        for k in layers:
+            stat = Stat.from_dict((by_layer.get(k) or {}).get("share"), f"layer {k}")
+            cells.append(format_stat(stat, 3))
+        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
+        body.append(f'<tr><td class="text">{_bdi(r.label)}</td>{tds}</tr>')
+    return (
+        "<h2>Where the attention error comes from</h2>"
+        '<p class="meta">Bias share: Σ‖softmax(s + β)V − o‖² / Σ‖softmax(ŝ)V − o‖², the '
+        "attention-output error of the exact keys with the predicted bias β added, against "
+        "that of the stored keys (exact values in both; o the full-precision output). Near 1: "
+        "the keys' error is the bias, which a correction can remove; near 0: rounding noise. "
+        "Explained: 1 − Σ‖softmax(ŝ)V − softmax(s + β)V‖² / Σ‖softmax(ŝ)V − o‖² (the numerator: "
+        "what removing β would leave), so a prediction of the wrong sign scores below 0. "
+        "Mean ± SE over videos, overall and per layer (per head in the JSON).</p>"
+        f'<table class="sortable" id="bias-share"><thead><tr><th class="text">variant</th>'
+        f'<th scope="col">all layers</th><th scope="col">explained</th>{head}</tr></thead>\n<tbody>{"".join(body)}</tbody>'
+        "</table>"
     )
 
 

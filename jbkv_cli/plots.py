@@ -5,6 +5,7 @@
 - ``delta_ps_hist.png``: per-query ΔP_S, uncorrected vs corrected (INT2 when present).
 - ``frames.png``: reference / INT4 / INT2 / INT2+correction at a few time points.
 - ``drift.png``: PSNR and SSIM per chunk, per variant, mean ± SE over videos (drift over time).
+- ``attention_error.png``: ΔP_S and the bias share per layer × denoising step (one variant).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jbkv_cli.atomic import atomic_path
 from jbkv_cli.drift import drift_series
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import METRICS, frontier_points, pareto_front
+from jbkv_cli.memory_report import error_grid
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir, video_name
@@ -224,11 +226,55 @@ def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def attention_error_heatmap(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
+    """ΔP_S and the bias share (:mod:`jbkv_cli.attention.bias_share`) per layer × denoising
+    step of one variant: the uncorrected one at the lowest bits with both keys and values
+    quantized (what a correction would start from), else the first with data."""
+    grids = [(r, error_grid(run.records(r.variant))) for r in rows if r.bias_share is not None]
+    grids = [(r, g) for r, g in grids if g]
+    if not grids:
+        return None
+    uncorrected = sorted(
+        (r.bits, i) for i, (r, _) in enumerate(grids) if r.full and not r.corrected
+    )
+    row, grid = grids[uncorrected[0][1]] if uncorrected else grids[0]
+    layers = sorted({k[0] for k in grid})
+    steps = sorted({k[1] for k in grid})
+    nan = float("nan")
+    panels = (
+        ("ΔP_S (mean per query)", 0, "RdBu_r"),
+        ("bias share of the keys' attention error", 1, "viridis"),
+    )
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.35 * len(layers) + 2.2), squeeze=False)
+    for ax, (title, index, cmap) in zip(axes[0], panels, strict=True):
+        values = [[nan] * len(steps) for _ in layers]
+        for (layer, step), cell in grid.items():
+            v = cell[index]
+            values[layers.index(layer)][steps.index(step)] = nan if v is None else v
+        data = torch.tensor(values)
+        finite = data[data.isfinite()]
+        if index == 0 and finite.numel():
+            bound = float(finite.abs().max()) or 1.0
+            image = ax.imshow(data, cmap=cmap, vmin=-bound, vmax=bound, aspect="auto")
+        else:
+            image = ax.imshow(data, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_xticks(range(len(steps)), [str(s) for s in steps], fontsize=7)
+        ax.set_yticks(range(len(layers)), [str(la) for la in layers], fontsize=7)
+        ax.set_xlabel("denoising step (read since the layer's last commit)")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=9)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.suptitle(f"Where the attention error comes from: {row.label}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def make_plots(run: RunDir, rows: list[ResultRow], out_dir: Path) -> list[Path]:
     made = [
         frontier_plot(rows, out_dir / "frontier.png"),
         delta_ps_hist(run, rows, out_dir / "delta_ps_hist.png"),
         frame_strip(run, rows, out_dir / "frames.png"),
         drift_plot(run, rows, out_dir / "drift.png"),
+        attention_error_heatmap(run, rows, out_dir / "attention_error.png"),
     ]
     return [p for p in made if p is not None]

@@ -22,12 +22,19 @@ from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.memory_report import bias_share_by_layer, memory_fields
 from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.run_schema import BIG, vbench_problem
 from jbkv_cli.runs import RunDir, video_name
 from jbkv_cli.tables import print_fitted
 
 LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/partition.py
+ERROR_METRICS = (
+    "bias_share",
+    "bias_explained",
+    "attn_err_quant",
+    "attn_err_bias",
+)  # attention/bias_share.py
 
 
 def reference_bits(run: RunDir) -> int:
@@ -77,6 +84,7 @@ def build_rows(run: RunDir) -> list[ResultRow]:
     if reference not in variants:
         raise JbkvError(f"{run.root} has no reference videos yet")
     ref_bytes = Stat.of([r["kv_cache_bytes"] for r in run.records(reference)])
+    ref_working = memory_fields(run.records(reference))["kv_working_bytes"]
     ref_bits = reference_bits(run)
     rows = []
     for vid, spec in variants.items():
@@ -89,6 +97,8 @@ def build_rows(run: RunDir) -> list[ResultRow]:
         ratio = kv.mean / ref_bytes.mean if kv and ref_bytes and ref_bytes.mean else None
         eff = None if ratio is None else ref_bits * ratio
         ref = vid == reference
+        memory = memory_fields(records)
+        working = memory["kv_working_bytes"]
         rows.append(
             ResultRow(
                 variant=vid,
@@ -125,6 +135,10 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 kv_bytes_by_cache=_bytes_by_head(records, "kv_cache_bytes_by_cache"),
                 value_bits=spec.value.bits if spec.mixed else None,
                 token_shift=Stat.of([d.get("token_shift") for d in diag]),
+                **memory,
+                working_ratio=working / ref_working if working and ref_working else None,
+                **{m: Stat.of([d.get(m) for d in diag]) for m in ERROR_METRICS},
+                bias_share_by_layer=bias_share_by_layer(records),
             )
         )
     return rows
@@ -274,6 +288,9 @@ COLUMNS = (
     "top-1 shift ↓",
     "KV MB",
     "KV/ref",
+    "work MB",
+    "peak MB",
+    "bias share",
     "s/video",
 )
 TEXT_COLUMNS = ("variant", "scheme", "corrected")
@@ -292,6 +309,8 @@ class Layout:
     bare: frozenset[str] = frozenset()
 
 
+# working bytes per read, CUDA peak per video, bias share (attention/memory.py, bias_share.py)
+MEMORY_COLUMNS = frozenset({"work MB", "peak MB", "bias share"})
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
 _SECONDARY = _REDUNDANT | {
     "KV MB",
@@ -299,9 +318,12 @@ _SECONDARY = _REDUNDANT | {
     "s/video",
     "pred/Δ",
     "top-1 shift ↓",
+    *MEMORY_COLUMNS,
 }  # eff. bits: size
 _BARE = frozenset({"SSIM ↑", "LPIPS ↓", "PSNR ↑ dB", "ΔP_S", "Δlog Z"})
-_SPARE = frozenset({"KV MB", "s/video", "pred/Δ"})  # eff. bits and KV/ref say the size
+_SPARE = frozenset(
+    {"KV MB", "s/video", "pred/Δ", *MEMORY_COLUMNS}
+)  # eff. bits and KV/ref say the size
 LAYOUTS = (
     Layout(),
     Layout(_SPARE),
@@ -361,10 +383,18 @@ def table_cells(
             "top-1 shift ↓": "—" if ref else fmt("top-1 shift ↓", r.token_shift, 4),
             "KV MB": "—" if r.kv_cache_bytes is None else f"{r.kv_cache_bytes / 2**20:.3f}",
             "KV/ref": "—" if r.kv_ratio is None else f"{r.kv_ratio:.3f}",
+            "work MB": megabytes(r.kv_working_bytes),
+            "peak MB": megabytes(r.cuda_peak_bytes),
+            "bias share": "—" if ref else fmt("bias share", r.bias_share, 3),
             "s/video": fmt("s/video", r.seconds, 2),
         }
         cells.append([full[c] for c in cols])
     return cols, cells, best
+
+
+def megabytes(n: int | None) -> str:
+    """``n`` bytes in MiB with 3 decimals, ``—`` for None."""
+    return "—" if n is None else f"{n / 2**20:.3f}"
 
 
 def rich_table(rows: list[ResultRow], title: str, layout: Layout = LAYOUTS[0]) -> Table:

@@ -52,6 +52,7 @@ class Stat:
 METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_ratio")
 METRICS += ("noise_z_mean", "seconds", "token_shift")
 METRICS += ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")
+METRICS += ("bias_share", "bias_explained", "attn_err_quant", "attn_err_bias")
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,20 @@ class ResultRow:
     lp_ratio: Stat | None = None
     value_bits: int | None = None  # the values' width when it differs from the keys' (``bits``)
     token_shift: Stat | None = None  # share of queries whose top-1 token changed (QuantWM T. 4)
+    # memory beside kv_cache_bytes (attention/memory.py), means over videos: the largest cache
+    # read's working bytes (view + what attention builds), its ratio to the reference's, and on
+    # CUDA the allocator's peak per video with the bytes resident before it (the weights)
+    kv_working_bytes: int | None = None
+    working_ratio: float | None = None
+    cuda_peak_bytes: int | None = None
+    cuda_resident_bytes: int | None = None
+    # the keys' attention error with the stored keys vs exact keys + the predicted bias
+    # (attention/bias_share.py): the share per video, and per layer {share: Stat, heads: [mean]}
+    bias_share: Stat | None = None
+    bias_explained: Stat | None = None  # 1 − Σ‖ô − o_β‖² / Σ‖ô − o‖²: direction-aware
+    attn_err_quant: Stat | None = None
+    attn_err_bias: Stat | None = None
+    bias_share_by_layer: dict[str, Any] | None = None
 
     @property
     def is_reference(self) -> bool:
@@ -144,6 +159,11 @@ class ResultRow:
         kw["pruner"] = kw["pruner"] if isinstance(kw["pruner"], str) else "none"
         kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
         kw["value_bits"] = kw["value_bits"] if type(kw["value_bits"]) is int else None
+        for key in ("kv_working_bytes", "cuda_peak_bytes", "cuda_resident_bytes"):
+            kw[key] = kw[key] if type(kw[key]) is int else None
+        kw["working_ratio"] = kw["working_ratio"] if _finite(kw["working_ratio"]) else None
+        by_layer = kw["bias_share_by_layer"]
+        kw["bias_share_by_layer"] = by_layer if isinstance(by_layer, dict) else None
         return cls(**kw)
 
 

@@ -129,7 +129,64 @@ def _optional_record_fields(data: dict[str, Any]) -> str | None:
     samples = data.get("delta_ps_samples")
     if samples is not None and not _numbers(samples, -1.0 - _SLACK, 1.0 + _SLACK):
         return _bad("delta_ps_samples", "a list of numbers in [-1, 1]", samples)
-    return _info_problem(data.get("info"))
+    return _memory_problem(data) or _info_problem(data.get("info"))
+
+
+_WORKING_INTS = ("read", "view", "attend", "with_diagnostics", "diagnostics", "reads")
+
+
+def _memory_problem(data: dict[str, Any]) -> str | None:
+    """``working_bytes``, ``cuda_memory`` (attention/memory.py) and ``attention_error``
+    (attention/bias_share.py), each optional: byte counts, sums of squared errors, cells."""
+    working = data.get("working_bytes")
+    if working is not None:
+        if not isinstance(working, dict):
+            return _bad("working_bytes", "an object or null", working)
+        for key in _WORKING_INTS:
+            if key in working and not _integer(working[key], 0, MAX_INT):
+                return _bad(f"working_bytes.{key}", "a byte count", working[key])
+    cuda = data.get("cuda_memory")
+    if cuda is not None:
+        if not isinstance(cuda, dict):
+            return _bad("cuda_memory", "an object or null", cuda)
+        for key, value in cuda.items():
+            if not _integer(value, 0, MAX_INT):
+                return _bad(f"cuda_memory.{key}", "a byte count", value)
+    return _attention_error_problem(data.get("attention_error"))
+
+
+def _attention_error_problem(err: Any) -> str | None:
+    if err is None:
+        return None
+    if not isinstance(err, dict):
+        return _bad("attention_error", "an object with 'layers' and 'cells'", err)
+    layers = err.get("layers")
+    ok = isinstance(layers, list) and all(
+        isinstance(e, list)
+        and len(e) == 7
+        and _integer(e[0], -1, MAX_COUNT)
+        and _numbers([*e[1:3], e[6]], 0, BIG)
+        and _integer(e[3], 0, MAX_INT)
+        and _numbers(e[4], 0, BIG)
+        and _numbers(e[5], 0, BIG)
+        and len(e[4]) == len(e[5])
+        for e in layers
+    )
+    if not ok:
+        return _bad(
+            "attention_error.layers", "[[layer, E_quant, E_bias, n, [..], [..], E_left]]", layers
+        )
+    cells = err.get("cells")
+    ok = isinstance(cells, list) and all(
+        isinstance(c, list)
+        and len(c) == 7
+        and all(_integer(x, -1, MAX_COUNT) for x in c[:2])
+        and _integer(c[2], 1, MAX_COUNT)
+        and _number(c[3], -BIG, BIG)
+        and _numbers(c[4:], 0, BIG)
+        for c in cells
+    )
+    return None if ok else _bad("attention_error.cells", "[[layer, step, calls, ...]]", cells)
 
 
 def _info_problem(info: Any) -> str | None:

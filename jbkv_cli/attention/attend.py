@@ -53,6 +53,7 @@ from jbkv_cli.attention.correction import (
     group_sq_norms,
     jensen_bias,
 )
+from jbkv_cli.attention.memory import active_meter, shape_of
 from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import QuantizedTensor
@@ -348,7 +349,11 @@ def attend(
     _check_shapes(q, k_cur, v_cur, cached, causal)
     if cached is None or cached.num_tokens == 0:
         return sdpa(q, k_cur, v_cur, scale, causal=causal)
+    meter = None if causal else active_meter()
+    shape = None if meter is None else shape_of(q, k_cur, cached)
     if cached.k_step is None or not corr.active or not bool(cached.k_step.any()):
+        if meter is not None:
+            meter.add(shape, "plain", None)
         lk = cached.num_tokens + k_cur.shape[-2]
         mask = key_mask(cached, q, lk)
         if causal:
@@ -361,9 +366,14 @@ def attend(
     if corr.form == "exact" or needs_pair_terms(
         cached.k_step, q.shape[-1], cached.key_rotation, corr.form
     ):
+        if meter is not None:
+            exact = corr.form == "exact"
+            meter.add(shape_of(q, k_cur, cached, exact) if exact else shape, "masked", corr.form)
         kv = concat_kv(cached, k_cur, v_cur)
         return masked(q, *kv, cached, scale, corr.form, corr.sign, causal=causal)
     name = backend or _BACKEND.get()
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
+    if meter is not None:
+        meter.add(shape, name, corr.form)
     return BACKENDS[name](q, k_cur, v_cur, cached, scale, corr.sign, corr.form, causal)

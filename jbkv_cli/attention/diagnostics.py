@@ -28,16 +28,21 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 
 from jbkv_cli.attention.attend import CachedKV, cached_bias, key_mask
+from jbkv_cli.attention.bias_share import error_summary, error_terms
 from jbkv_cli.attention.correction import (
     Correction,
     _expand_kv_heads,
     get_correction,
     taylor_bias,
 )
+from jbkv_cli.attention.memory import active_meter
 from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 from jbkv_cli.attention.rope import KeyRotation, rope_taylor_bias
+
+PREDICTED_FORM = "taylor"  # the bias predicted for an uncorrected variant (bias_share.py)
 
 
 class AttentionObserver(Protocol):
@@ -55,6 +60,7 @@ class AttentionObserver(Protocol):
         scale: float,
         correction: Correction,
         layer: int | None = None,
+        step: int | None = None,
     ) -> None: ...
 
 
@@ -141,6 +147,11 @@ class AttentionStats:
     lp_shift: torch.Tensor | None = None  # [N] cached log-partition shift (stored keys)
     lp_predicted: torch.Tensor | None = None  # [N] the part the active correction predicts
     top1_shift: torch.Tensor | None = None  # [N] 1.0 where the top-1 token changed, else 0.0
+    # per query head [Hq], summed over the block (attention/bias_share.py): the keys' output
+    # error with the stored keys, and with the exact keys plus the predicted bias
+    err_quant: torch.Tensor | None = None
+    err_bias: torch.Tensor | None = None
+    err_left: torch.Tensor | None = None  # ‖softmax(ŝ)V − softmax(s + β)V‖² per head
 
 
 def compare_attention(
@@ -169,6 +180,7 @@ def compare_attention(
     partition = corr.quantizes and cached.k_step is not None
     parts: list[list[torch.Tensor]] = [[], [], [], [], [], []]
     shifts: list[torch.Tensor] = []
+    errors: list[tuple[torch.Tensor, torch.Tensor]] = []
     for start in range(0, q.shape[-2], block):
         qb = q[..., start : start + block, :].float()
         s_hat, s_ref = _scores(qb, k_hat, scale), _scores(qb, k_ref, scale)
@@ -187,11 +199,13 @@ def compare_attention(
             shift, predicted = log_partition_shift(s_hat[..., :lc], s_ref[..., :lc], added, cut)
             parts[4].append(shift.flatten())
             parts[5].append(predicted.flatten())
+            allowed = _allowed(query_index, start, block, lc, k_hat.shape[-2], q.device)
+            terms = _error_terms(qb, s_hat, s_ref, v_ref, cached, scale, corr, added, cut, allowed)
+            errors.append(terms)
         if bias is not None:
             s_hat[..., :lc] += bias
         if query_index is not None:
-            last = lc + query_index[start : start + block].to(q.device)
-            allowed = torch.arange(k_hat.shape[-2], device=q.device)[None, :] <= last[:, None]
+            allowed = _allowed(query_index, start, block, lc, k_hat.shape[-2], q.device)
             s_hat = s_hat.masked_fill(~allowed, float("-inf"))
             s_ref = s_ref.masked_fill(~allowed, float("-inf"))
         p_hat, p_ref = s_hat.softmax(-1), s_ref.softmax(-1)
@@ -202,7 +216,31 @@ def compare_attention(
         parts[3].append((o_hat - o_ref).square().mean(-1).flatten())
         shifts.append(top1_shift(p_hat, p_ref).flatten())
     stats = (torch.cat(p) if p else None for p in parts)
-    return AttentionStats(*stats, top1_shift=torch.cat(shifts))
+    out = AttentionStats(*stats, top1_shift=torch.cat(shifts))
+    if errors:
+        out.err_quant, out.err_bias, out.err_left = (sum(e[i] for e in errors) for i in range(3))
+    return out
+
+
+def _allowed(query_index, start: int, block: int, lc: int, lk: int, device):
+    """``[b, Lk]`` bool: the keys each causal query of the block sees (None: not causal)."""
+    if query_index is None:
+        return None
+    last = lc + query_index[start : start + block].to(device)
+    return torch.arange(lk, device=device)[None, :] <= last[:, None]
+
+
+def _error_terms(qb, s_hat, s_ref, v_ref, cached: CachedKV, scale, corr, added, cut, allowed):
+    """``(E_quant, E_bias)`` per head of one block (:mod:`jbkv_cli.attention.bias_share`):
+    ``β = −added`` under an active correction, else the taylor bias of the stored steps; pruned
+    tokens (``cut``) and, for causal queries, later keys (``allowed``) masked in all three."""
+    predicted = -added if added is not None else cached_bias(qb, cached, scale, PREDICTED_FORM)
+    lk = s_ref.shape[-1]
+    mask = None if cut is None else F.pad(cut, (0, lk - cut.shape[-1]))
+    if allowed is not None:
+        causal = torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, -torch.inf)
+        mask = causal if mask is None else mask + causal
+    return error_terms(s_hat, s_ref, predicted, v_ref, mask)
 
 
 @dataclass
@@ -219,22 +257,42 @@ class AttentionRecorder:
     # over the block's queries and heads (jbkv_cli.attention.partition); layer -1 if unknown
     partition: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
+    # per observed call of quantized keys (attention/bias_share.py): (layer, step, ΔP_S mean,
+    # E_quant per head, E_bias per head, elements per head, E_left per head); step: the read's
+    # index since the layer's last commit (a denoising step, or a pass of one), -1 if unknown
+    errors: list[tuple] = field(default_factory=list)
 
     def observe(
-        self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction, layer=None
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, correction, layer=None, step=None
     ) -> None:
         start = time.perf_counter()
-        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction), layer)
+        self._observe(q, k_cur, v_cur, cached, scale, get_correction(correction), layer, step)
         self.seconds += time.perf_counter() - start
 
     def _observe(
-        self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction, layer=None
+        self, q, k_cur, v_cur, cached: CachedKV, scale: float, corr: Correction, layer, step
     ) -> None:
         stride = max(1, -(-q.shape[-2] // self.max_queries))
         qs = q[..., ::stride, :]
         index = torch.arange(0, q.shape[-2], stride) if self.causal else None
         stats = compare_attention(qs, k_cur, v_cur, cached, scale, corr, query_index=index)
         self.stats.append(stats)
+        meter = active_meter()
+        if meter is not None:
+            meter.observed(qs.shape[-2])
+        if stats.err_quant is not None:
+            count = stats.p_s.numel() // qs.shape[-3] * v_cur.shape[-1]
+            self.errors.append(
+                (
+                    -1 if layer is None else int(layer),
+                    -1 if step is None else int(step),
+                    float((stats.p_s - stats.p_s_ref).mean()),
+                    stats.err_quant.tolist(),
+                    stats.err_bias.tolist(),
+                    count,
+                    stats.err_left.tolist(),
+                )
+            )
         if stats.lp_shift is not None:
             shift, predicted = float(stats.lp_shift.mean()), float(stats.lp_predicted.mean())
             self.partition.append((-1 if layer is None else int(layer), shift, predicted))
@@ -281,4 +339,33 @@ class AttentionRecorder:
                 out[f"noise_{key}"] = sum(n[key] for n in self.noise) / len(self.noise)
         if self.partition:
             out |= partition_summary(self.partition)
+        if self.errors:
+            out |= error_summary(self.errors)
         return out
+
+    def attention_error(self) -> dict | None:
+        """What a video record keeps of :attr:`errors` (None when nothing was observed), sums
+        over observed calls: ``layers`` ``[[layer, E_quant, E_bias, elements, E_quant per head,
+        E_bias per head, E_left]]`` and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant,
+        E_bias, E_left]]`` (the heatmap's). Lists, not objects: compact, one schema per row."""
+        if not self.errors:
+            return None
+        layers: dict[int, list] = {}
+        cells: dict[tuple[int, int], list] = {}
+        for layer, step, dps, eq, eb, count, el in self.errors:
+            row = layers.setdefault(
+                layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb), 0.0]
+            )
+            row[6] += sum(el)
+            row[1] += sum(eq)
+            row[2] += sum(eb)
+            row[3] += count * len(eq)
+            row[4] = [a + b for a, b in zip(row[4], eq, strict=True)]
+            row[5] = [a + b for a, b in zip(row[5], eb, strict=True)]
+            cell = cells.setdefault((layer, step), [layer, step, 0, 0.0, 0.0, 0.0, 0.0])
+            cell[6] += sum(el)
+            cell[2] += 1
+            cell[3] += dps
+            cell[4] += sum(eq)
+            cell[5] += sum(eb)
+        return {"layers": [layers[k] for k in sorted(layers)], "cells": sorted(cells.values())}

@@ -145,6 +145,7 @@ class ChunkKVCache:
         self.observer = observer
         self.layer: int | None = None  # the model's layer index, for diagnostics (layer_caches)
         self._calls = 0
+        self._reads = 0  # attention calls since the last commit: the denoising step of a read
         self.chunks: list[_Chunk] = []
         self.committed = 0
         self.peak_nbytes = 0
@@ -235,6 +236,7 @@ class ChunkKVCache:
             chunk.ref = (k.detach().clone(), v.detach().clone())
         self.chunks.append(chunk)
         self.committed += 1
+        self._reads = 0
         self._compress_spans()
         self._settle()
         if self.queries is not None:  # this chunk's own queries count from the next commit on
@@ -514,6 +516,7 @@ class ChunkKVCache:
         if self.pending is not None:
             self.pending.update(q, k_cur.shape[-3])
         self._calls += 1
+        self._reads += 1
         obs = self.observer
         if (
             obs is not None
@@ -522,7 +525,8 @@ class ChunkKVCache:
             and (cached.k_step is not None or cached.valid is not None)
             and self._calls % obs.every == 0
         ):
-            obs.observe(q, k_cur, v_cur, cached, scale, correction, layer=self.layer)
+            step = self._reads - 1
+            obs.observe(q, k_cur, v_cur, cached, scale, correction, layer=self.layer, step=step)
         return out
 
 
