@@ -245,7 +245,7 @@ class RollingForcing(sf.SelfForcing):
                     progress(min(window.index + 1, s.num_chunks), s.num_chunks)
         info = {
             "kv_cache_bytes": peak.total,
-            "kv_working_bytes": working,
+            "kv_view_bytes": working,  # dequantized K/V views held, all layers
             "sink_chunks": spec.sink_chunks,
         }
         return torch.cat(final, dim=2), info

@@ -398,7 +398,7 @@ class SelfForcing(WanHeads):
                     progress(c + 1, s.num_chunks)
         info = {
             "kv_cache_bytes": peak.total,
-            "kv_working_bytes": working,
+            "kv_view_bytes": working,  # dequantized K/V views held, all layers
             "sink_chunks": spec.sink_chunks,
         }
         if spec.pruner is not None:

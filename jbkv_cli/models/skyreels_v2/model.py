@@ -289,7 +289,7 @@ class SkyReelsV2(WanHeads):
                     progress(c + 1, s.num_chunks)
         info = {
             "kv_cache_bytes": peak.total,
-            "kv_working_bytes": working,
+            "kv_view_bytes": working,  # dequantized K/V views held, all layers
             "cfg_branches": len(texts),
         }
         if kv.pruner is not None:
