@@ -66,3 +66,9 @@ def test_the_readme_command_table_lists_every_registered_command():
     listed = set(re.findall(r"^\| `jbkv ([a-z-]+)", table, re.M))
     assert registered <= listed, f"missing from the README's command table: {registered - listed}"
     assert listed <= registered, f"listed but not registered: {listed - registered}"
+
+
+def test_every_benchmark_script_is_described_in_docs_benchmarks():
+    described = (ROOT / "docs" / "benchmarks.md").read_text()
+    scripts = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py"))
+    assert scripts and not [s for s in scripts if f"`{s}`" not in described]
