@@ -89,23 +89,35 @@ def _t_pdf(t: float, df: float) -> float:
 
 @lru_cache(maxsize=4096)
 def t_ppf(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t (0 < p < 1), by Newton's method on :func:`t_cdf`
-    from the normal quantile (cached: a report asks for few distinct (p, df))."""
+    """The ``p`` quantile of Student's t (0 < p < 1): the Cornish-Fisher expansion from the
+    normal quantile, refined by Newton's method on :func:`t_cdf` up to 60 degrees of freedom
+    (above, the expansion alone is within 1e-9 relative for p ≤ 0.975, 2e-8 at 0.999;
+    cached: a report asks for few (p, df))."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"t_ppf needs 0 < p < 1, got {p}")
     if p < 0.5:
         return -t_ppf(1.0 - p, df)
-    x = normal_ppf(p)
-    # Cornish-Fisher start (Abramowitz & Stegun 26.7.5), then Newton steps on the CDF
-    x = x + (x**3 + x) / (4 * df) + (5 * x**5 + 16 * x**3 + 3 * x) / (96 * df**2)
-    if df > 1e5:  # the expansion's error is O(df⁻³) there; the beta function loses digits
+    x = _cornish_fisher(normal_ppf(p), df)
+    if df > CORNISH_FISHER_DF:  # the expansion's error is O(df⁻⁵)
         return x
-    for _ in range(100):
+    for _ in range(100):  # Newton steps on the CDF
         step = (t_cdf(x, df) - p) / _t_pdf(x, df)
         x -= step
         if abs(step) <= 1e-13 * max(1.0, abs(x)):
             break
     return x
+
+
+CORNISH_FISHER_DF = 60
+
+
+def _cornish_fisher(x: float, df: float) -> float:
+    """The t quantile from the normal one ``x`` (Abramowitz & Stegun 26.7.5, four terms)."""
+    g1 = (x**3 + x) / 4
+    g2 = (5 * x**5 + 16 * x**3 + 3 * x) / 96
+    g3 = (3 * x**7 + 19 * x**5 + 17 * x**3 - 15 * x) / 384
+    g4 = (79 * x**9 + 776 * x**7 + 1482 * x**5 - 1920 * x**3 - 945 * x) / 92160
+    return x + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
 
 
 @lru_cache(maxsize=256)
@@ -124,6 +136,7 @@ def normal_ppf(p: float) -> float:
     return x
 
 
+@lru_cache(maxsize=1024)
 def signed_rank_counts(doubled_ranks: tuple[int, ...]) -> list[int]:
     """``counts[s]``: how many of the 2ⁿ sign assignments give a doubled ``W+`` of ``s``."""
     counts = [1] + [0] * sum(doubled_ranks)
@@ -144,20 +157,24 @@ def t_test_power(effect: float, n: int, alpha: float) -> float:
         power = ∫ [Φ(δ − c·u) + Φ(−δ − c·u)] f_U(u) du
 
     with ``f_U`` the scaled chi density, integrated by Simpson's rule (:func:`_chi_nodes`);
-    agrees with scipy.stats.nct to ~1e-6 (tests)."""
-    c = t_ppf(1 - alpha / 2, n - 1)
-    delta = effect * math.sqrt(n)
-    total = sum(
-        w * (normal_cdf(delta - c * u) + normal_cdf(-delta - c * u)) for u, w in _chi_nodes(n - 1)
-    )
-    return min(1.0, total)
+    agrees with scipy.stats.nct to 1e-5 up to 5 pairs, 1e-7 from 6 (tests)."""
+    c = t_ppf(1 - alpha / 2, n - 1) / _SQRT2
+    d = effect * math.sqrt(n) / _SQRT2
+    erfc = math.erfc
+    total = sum(w * (erfc(c * u - d) + erfc(c * u + d)) for u, w in _chi_nodes(n - 1))
+    return min(1.0, 0.5 * total)
+
+
+_SQRT2 = math.sqrt(2.0)
 
 
 @lru_cache(maxsize=512)
-def _chi_nodes(nu: int, steps: int = 160) -> tuple[tuple[float, float], ...]:
-    """Simpson nodes and weights (density included) of ``U = √(χ²_ν/ν)`` over ``1 ± 10/√(2ν)``
-    (its SD is about 1/√(2ν)), cut at 0."""
-    width = 10.0 / math.sqrt(2.0 * nu)
+def _chi_nodes(nu: int) -> tuple[tuple[float, float], ...]:
+    """Simpson nodes and weights (density included) of ``U = √(χ²_ν/ν)``: 64 intervals over
+    ``1 ± 8/√(2ν)`` (its SD is about 1/√(2ν)), cut at 0; ν = 1, whose density peaks at 0 with
+    a sharp integrand there, gets 192."""
+    steps = 192 if nu == 1 else 64
+    width = 8.0 / math.sqrt(2.0 * nu)
     lo, hi = max(0.0, 1.0 - width), 1.0 + width
     h = (hi - lo) / steps
     log_norm = math.log(2.0) + (nu / 2) * math.log(nu / 2) - math.lgamma(nu / 2)
@@ -169,6 +186,6 @@ def _chi_nodes(nu: int, steps: int = 160) -> tuple[tuple[float, float], ...]:
         else:
             dens = math.exp(log_norm + (nu - 1) * math.log(u) - nu * u * u / 2)
         weight = 1 if k in (0, steps) else (4 if k % 2 else 2)
-        if dens > 0.0:
+        if dens > 1e-300:
             nodes.append((u, weight * dens * h / 3))
     return tuple(nodes)
