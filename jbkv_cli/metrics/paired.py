@@ -135,14 +135,14 @@ def videos_needed(mean: float, sd: float, alpha: float = ALPHA, power: float = P
     effect = abs(mean) / sd
     z = (normal_ppf(1 - alpha / 2) + normal_ppf(power)) / effect
     n = max(2, math.ceil(z * z))
-    for _ in range(100):
+    seen: set[int] = set()
+    while n not in seen:  # until n repeats (it may alternate between two values: take the larger)
         if n >= _NEEDED_CAP:
             return _NEEDED_CAP
+        seen.add(n)
         q = (t_ppf(1 - alpha / 2, n - 1) + t_ppf(power, n - 1)) / effect
         new = max(2, math.ceil(q * q))
-        if new == n:
-            break
-        n = new
+        n = max(n, new) if new in seen else new
     if n <= EXACT_POWER_MAX_N:  # the approximation errs at small n: step to the exact answer
         while t_test_power(effect, n, alpha) < power:
             n += 1
