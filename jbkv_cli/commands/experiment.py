@@ -269,7 +269,7 @@ def _write_report(
     data = to_json(run, rows)
     report_dir = run.root / "report"
     write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
-    write_text_atomic(report_dir / "table.md", to_markdown(rows))
+    write_text_atomic(report_dir / "table.md", to_markdown(rows) + comparisons_markdown(data))
     made = []
     if plots:
         from jbkv_cli.plots import make_plots
