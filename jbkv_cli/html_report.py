@@ -33,8 +33,10 @@ from urllib.parse import quote
 
 from jbkv_cli import __version__
 from jbkv_cli.atomic import atomic_path, write_text_atomic
+from jbkv_cli.comparisons import LEGEND, TABLE_COLUMNS, comparison_table
 from jbkv_cli.drift import drift_series
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics.paired import describe
 from jbkv_cli.report import format_stat, lpips_note, megabytes, table_cells
 from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.runs import RunDir, video_name
@@ -95,6 +97,7 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
         _table(rows),
         f'<p class="note">LPIPS n/a: {_bdi(note)}</p>' if note else "",
         _gains(data.get("correction_gains") or []),
+        _comparisons(data),
         _partition(rows),
         memory_section(rows),
         bias_share_section(rows),
@@ -206,11 +209,38 @@ def _gains(gains: list[ResultRow]) -> str:
         se = f" ± {d['se']:.2f}" if d.get("se") is not None else ""
         frac = g.get("recovered_fraction")
         rec = f" ({frac:+.0%} of the gap to {_bdi(g['gap_to'])})" if frac is not None else ""
+        stats = describe(d, with_mean=False)
+        stats = f", {stats}" if stats else ""
         items.append(
             f"<li>{_bdi(g['correction'])} on {_bdi(g['label'])}: "
-            f"PSNR {d['mean']:+.2f}{_e(se)} dB paired{rec}</li>"
+            f"PSNR {d['mean']:+.2f}{_e(se)} dB paired{_e(stats)}{rec}</li>"
         )
     return f"<ul>{''.join(items)}</ul>" if items else ""
+
+
+def _comparisons(data: dict[str, Any]) -> str:
+    """Every paired comparison (correction gains, methods at matched bits, variants against the
+    reference) with its statistics (:func:`jbkv_cli.comparisons.comparison_table`)."""
+    cells = comparison_table(data)
+    if not cells:
+        return ""
+    text = ' class="text"'
+    head = "".join(
+        f'<th{text if i < 3 else ""} scope="col">{_e(c)}</th>' for i, c in enumerate(TABLE_COLUMNS)
+    )
+    body = []
+    for row in cells:
+        sig = ' class="significant"' if row[7].endswith("*") else ""
+        tds = [f'<td class="text">{_bdi(t)}</td>' for t in row[:2]]
+        tds.append(f'<td class="text">{_e(row[2])}</td>')
+        tds += [f"<td>{_e(t)}</td>" for t in row[3:]]
+        body.append(f"<tr{sig}>{''.join(tds)}</tr>")
+    return (
+        "<h2>Paired comparisons</h2>\n"
+        f'<p class="meta">{_e(LEGEND)}.</p>\n'
+        '<table id="comparisons">\n'
+        f"<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
+    )
 
 
 def _partition(rows: list[ResultRow]) -> str:

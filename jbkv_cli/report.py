@@ -18,11 +18,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from jbkv_cli.comparisons import Scores, method_comparisons, reference_comparisons
 from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.jsonio import read_json
 from jbkv_cli.memory_report import bias_share_by_layer, memory_fields
+from jbkv_cli.metrics.paired import paired_summary, with_holm
 from jbkv_cli.results import ResultRow, Stat
 from jbkv_cli.run_schema import BIG, vbench_problem
 from jbkv_cli.runs import RunDir, video_name
@@ -201,17 +203,23 @@ def _family(row: ResultRow) -> str:
     return storage.split("-", 1)[1] if storage.startswith(f"int{row.bits}-") else storage
 
 
-def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any]]:
+def paired_differences(
+    run: RunDir, rows: list[ResultRow], scores: Scores | None = None
+) -> list[dict[str, Any]]:
     """Per stored format: PSNR(corrected) − PSNR(uncorrected), paired per video, and the share
     of the gap to the same format with more bits (INT_low → INT_high) it recovers. Variants that
-    differ only in a method option (KIVI's residual, a rotation seed) are kept apart."""
+    differ only in a method option (KIVI's residual, a rotation seed) are kept apart.
+    ``psnr_gain`` holds the paired statistics (:func:`~jbkv_cli.metrics.paired.paired_summary`),
+    Holm-adjusted over the gains of the run."""
+    scores = scores or Scores(run)
     by_key = {(_family(r), r.bits, r.correction): r for r in rows if r.full and not r.is_reference}
     out = []
     for (fam, b, c), row in by_key.items():
         base = by_key.get((fam, b, "none"))
         if c == "none" or base is None:
             continue
-        diff = _paired(run, base.variant, row.variant, "psnr")
+        diffs = scores.diffs(base.variant, row.variant)
+        diff = paired_summary(diffs) if diffs else None
         higher = sorted(
             (r for k, r in by_key.items() if k[0] == fam and k[1] > b and k[2] == "none"),
             key=lambda r: r.bits,
@@ -219,7 +227,7 @@ def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any
         gap = None
         if higher and base.psnr and higher[0].psnr:
             gap = higher[0].psnr.mean - base.psnr.mean
-        recovered = diff.mean / gap if diff and gap else None
+        recovered = diff["mean"] / gap if diff and gap else None
         out.append(
             {
                 "quantizer": row.quantizer,
@@ -228,18 +236,14 @@ def paired_differences(run: RunDir, rows: list[ResultRow]) -> list[dict[str, Any
                 "storage": row.storage,
                 "label": base.label,
                 "correction": c,
-                "psnr_gain": None if diff is None else diff.to_dict(),
+                "psnr_gain": diff,
                 "gap_to": higher[0].variant if higher else None,
                 "gap_db": gap,
                 "recovered_fraction": recovered,
             }
         )
+    with_holm([g["psnr_gain"] for g in out])
     return out
-
-
-def _paired(run: RunDir, vid_a: str, vid_b: str, metric: str) -> Stat | None:
-    a, b = run.read_metrics("fidelity", vid_a), run.read_metrics("fidelity", vid_b)
-    return Stat.of([b[n][metric] - a[n][metric] for n in sorted(set(a) & set(b))])
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -538,7 +542,10 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
 
     ``videos``: the (prompt, seed) pairs of the reference videos, sorted. ``pareto``: per
     frontier metric, the variants on the storage–quality Pareto front (:mod:`jbkv_cli.frontier`).
+    ``correction_gains``, ``method_comparisons``, ``reference_comparisons``: the paired
+    comparisons with their statistics (:mod:`jbkv_cli.comparisons`).
     """
+    scores = Scores(run)
     videos = sorted({(r["prompt"], r["seed"]) for r in run.records(run.reference)})
     return {
         "run": str(run.root),
@@ -547,6 +554,8 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
         "reference_precision": reference_label(run),
         "videos": [list(v) for v in videos],
         "rows": [r.to_dict() for r in rows],
-        "correction_gains": paired_differences(run, rows),
+        "correction_gains": paired_differences(run, rows, scores),
+        "method_comparisons": method_comparisons(rows, scores),
+        "reference_comparisons": reference_comparisons(run, rows),
         "pareto": frontiers(rows),
     }

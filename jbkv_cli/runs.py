@@ -187,6 +187,7 @@ class RunDir:
         self.manifest = manifest
         self._seed_index: dict[int, int] = {}
         self._checked: dict[Path, tuple[tuple[int, int, int], str | None]] = {}  # record verdicts
+        self._loaded: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}  # valid ones
         self._warned: set[Path] = set()
 
     @classmethod
@@ -372,10 +373,15 @@ class RunDir:
 
     def _load_record(self, path: Path) -> dict[str, Any] | None:
         """The record at ``path``, or None (and one warning) when it is missing or damaged.
-        The verdict is kept until the file changes (:meth:`is_done` polls finished videos)."""
+        The verdict is kept until the file changes (:meth:`is_done` polls finished videos), and
+        so is a valid record (the report reads each one several times): callers read the dict
+        returned, never modify it."""
         stamp = _stamp(path)
         if stamp is None:
             return None
+        kept = self._loaded.get(path)
+        if kept is not None and kept[0] == stamp:
+            return kept[1]
         try:
             data = _read_json(path)
             problem = record_problem(data)
@@ -387,6 +393,7 @@ class RunDir:
                 path, f"{problem}; the video counts as not finished (a resumed run makes it again)"
             )
             return None
+        self._loaded[path] = (stamp, data)
         return data
 
     # --- metrics ------------------------------------------------------------------------------

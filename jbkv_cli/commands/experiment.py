@@ -22,6 +22,7 @@ from jbkv_cli.commands.groups import (
 )
 from jbkv_cli.commands.options import print_gate_outcome
 from jbkv_cli.commands.variants import CacheFlags, SweepFlags
+from jbkv_cli.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.experiment import Scoring, generate_all, open_run, score_fidelity
@@ -268,7 +269,7 @@ def _write_report(
     data = to_json(run, rows)
     report_dir = run.root / "report"
     write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
-    write_text_atomic(report_dir / "table.md", to_markdown(rows))
+    write_text_atomic(report_dir / "table.md", to_markdown(rows) + comparisons_markdown(data))
     made = []
     if plots:
         from jbkv_cli.plots import make_plots
@@ -295,17 +296,7 @@ def _print_report(
     )
     if note:
         warn(f"LPIPS n/a: {note}")
-    for gain in data["correction_gains"]:
-        g = gain["psnr_gain"]
-        if not g:
-            continue
-        frac = gain["recovered_fraction"]
-        se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
-        rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
-        out.print(
-            f"  {gain['correction']} on {gain['label']}: PSNR {g['mean']:+.2f}{se} dB paired{rec}",
-            highlight=False,
-        )
+    print_comparisons(data)
     for r in rows:
         if r.kv_bytes_by_head and r.kv_cache_bytes is not None and r.kv_ratio is not None:
             split = ", ".join(f"{k} heads {v / 2**20:.3f}" for k, v in r.kv_bytes_by_head.items())
@@ -323,6 +314,12 @@ def _print_report(
     if made:
         err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
     err.print(f"page: {page}", highlight=False)
+
+
+def print_comparisons(data: dict[str, Any]) -> None:
+    """The paired comparisons under the table (:func:`jbkv_cli.comparisons.comparison_lines`)."""
+    for line in comparison_lines(data):
+        out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
 
 
 def report(
@@ -398,8 +395,9 @@ def report(
         note = lpips_note(rows)
         if note:
             warn(f"LPIPS n/a: {note}")
+        print_comparisons(to_json(run, rows))
     elif fmt == "md":
-        typer.echo(to_markdown(rows), nl=False)
+        typer.echo(to_markdown(rows) + comparisons_markdown(to_json(run, rows)), nl=False)
     elif fmt == "json":
         typer.echo(json.dumps(to_json(run, rows), indent=2))
     elif fmt == "csv":

@@ -18,6 +18,7 @@ from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError
 from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
+from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
 from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.outputs import check_output_file
@@ -94,6 +95,7 @@ def fidelity_command(
         payload = result.to_dict()
         payload["thresholds"] = {"min_psnr": min_psnr, "min_ssim": min_ssim, "max_lpips": max_lpips}
         payload["violations"] = violations
+        payload["statistics"] = fidelity_statistics(result.videos)
         write_text_atomic(json_path, json.dumps(payload, indent=2) + "\n")
     if csv_path is not None:
         write_text_atomic(csv_path, results_csv(result.videos))

@@ -32,6 +32,7 @@ from typing import Any
 from jbkv_cli import distributed
 from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.metrics.vbench_clips import clip_record
 from jbkv_cli.metrics.vbench_env import RUNNER, VBenchEnv, runner_environ
 from jbkv_cli.metrics.vbench_scores import (
     DIMENSIONS,
@@ -279,6 +280,7 @@ def summarize(
             "(clips regrouped by video). Quality/Semantic/Total: VBench's normalization and "
             "weights over the dimensions present; partial lists the missing ones."
         ),
+        "clip_seconds": clip_record(config.mode, config.dimensions, config.clip_length_config),
         "variants": {},
     }
     prev_variants = {}
