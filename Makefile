@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+JOBS   ?= 2  # pytest workers (pytest-xdist); each test file runs in one worker
 SRC    := jbkv_cli tests benchmarks scripts
 
 # The CI regression gate: a small matrix on the embedded model against a committed baseline.
@@ -25,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/jbkv quantize-eval
 
 test: lint $(STAMP) browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
 	$(MAKE) --no-print-directory gate
 
 lint: $(STAMP)
