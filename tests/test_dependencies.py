@@ -17,6 +17,7 @@ INDIRECT = {
     "sentencepiece": "transformers' T5/UMT5 tokenizers import it (MAGI-1, SkyReels-V2, Self-Forcing)",
     "protobuf": "transformers' sentencepiece tokenizers import it",
     "ruff": "a command (make lint), not a module",
+    "pytest-xdist": "a pytest plugin (make test: -n JOBS --dist loadfile), not imported",
 }
 
 

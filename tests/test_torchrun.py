@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from jbkv_cli.metrics.fidelity import compare_dirs
+from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
 
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
@@ -128,7 +129,7 @@ def test_two_ranks_give_the_rows_and_videos_of_one_process(runs):
             k: v for k, v in b[key].items() if k not in RECORD_TIMING
         }, key
     assert not _leftovers(root / "two/tiny")
-    assert two.stdout.count("INT2 rtn g32 +taylor") == 1  # rank 0 alone prints the table
+    assert _table_rows(two.stdout, "INT2 rtn g32 +taylor") == 1  # rank 0 alone prints the table
 
 
 def test_both_ranks_worked_and_no_video_was_made_twice(runs):
@@ -223,12 +224,18 @@ def test_videos_made_but_not_scored_are_scored_on_resume(runs):
     assert not _leftovers(root / "late/tiny")
 
 
+def _table_rows(stdout: str, label: str) -> int:
+    """How many table rows of ``label`` (a row starts with it; summary lines name it later)."""
+    return sum(line.startswith(label + " ") for line in stdout.splitlines())
+
+
 def test_fidelity_on_two_ranks_matches_one_process(runs):
     root, _ = runs
     ref, test = root / "one/tiny/videos/reference", root / "one/tiny/videos/int2-rtn-g32"
     r = _torchrun("fidelity", ref, test, "--no-lpips", "--json", "fid.json", cwd=root)
     assert r.returncode == 0, r.stderr
-    expected = compare_dirs(ref, test, lpips=False).to_dict()
+    result = compare_dirs(ref, test, lpips=False)
+    expected = result.to_dict() | {"statistics": fidelity_statistics(result.videos)}
     assert json.loads((root / "fid.json").read_text()) | {
         "thresholds": None,
         "violations": None,
@@ -387,4 +394,4 @@ def test_report_prints_its_table_once(runs):
     root, _ = runs
     r = _torchrun("report", root / "one/tiny", cwd=root)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("INT2 rtn g32 +taylor") == 1, r.stdout  # rank 0 alone reports
+    assert _table_rows(r.stdout, "INT2 rtn g32 +taylor") == 1, r.stdout  # rank 0 alone reports

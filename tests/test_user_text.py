@@ -227,7 +227,19 @@ def test_fidelity_table_shows_file_names_as_typed(tmp_path):
     assert (tmp_path / "[/].json").is_file()
 
 
-def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server):
+@pytest.fixture
+def short_dir():
+    """A folder with a short path (removed after the test): tmp_path's length varies."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="jbkv-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server, short_dir):
+    torch_home = short_dir  # the status table folds a long path (its width is capped)
     payload = b"weights for a test\n" * 1000
     (local_server.root / "w.bin").write_bytes(payload)
     entry = {
@@ -244,7 +256,7 @@ def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server
     base = {k: v for k, v in os.environ.items() if not k.startswith(("JBKV_", "TORCH_"))}
     env = base | {
         "HOME": str(tmp_path / "home"),
-        "TORCH_HOME": str(tmp_path / "torch"),
+        "TORCH_HOME": str(torch_home),
         "JBKV_WEIGHTS_MANIFEST": str(manifest),
     }
     # a name with markup is refused by the manifest check, printed as typed
@@ -264,7 +276,7 @@ def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server
     done = [line for line in fetched.stderr.splitlines() if line.startswith("w: ")]
     assert len(done) == 1 and done[0].endswith("[b]w[/b].bin (sha256 checked)"), fetched.stderr
     status = subprocess.run(
-        [JBKV, "weights", "status"], env=env | {"COLUMNS": "250"}, capture_output=True, text=True
+        [JBKV, "weights", "status"], env=env | {"COLUMNS": "1000"}, capture_output=True, text=True
     )
     assert status.returncode == 0 and "[b]w[/b].bin" in status.stdout, status.stderr
 
