@@ -2,9 +2,7 @@
 runs had before cases existed, and runs registering cases (with their plans) in the manifest."""
 
 import json
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,9 @@ import torch
 from jbkv_cli.cases import Case, default_id, read_case_file
 from jbkv_cli.errors import UsageError
 from jbkv_cli.run_schema import manifest_problem
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
-
-
-def jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120"}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=cwd, env=env
-    )
+jbkv = partial(run_jbkv, columns=120)
 
 
 def write(path: Path, text: str) -> Path:

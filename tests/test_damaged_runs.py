@@ -20,7 +20,6 @@ import copy
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +35,8 @@ from jbkv_cli.gate import check_baseline, parse_tolerances
 from jbkv_cli.html_report import render_page
 from jbkv_cli.report import build_rows, to_json
 from jbkv_cli.runs import RunDir
+from tests.installed import JBKV, run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 INT2 = "int2-rtn-g32"
 LEGACY = "int4-rtn-g32"  # its scores are moved into one file, as older runs kept them
@@ -205,10 +204,7 @@ def test_every_reader_on_a_damaged_run_file(sample, target, damage, pick, value)
 # --- through the installed jbkv ------------------------------------------------------------------
 
 
-def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
-    )
+_jbkv = run_jbkv
 
 
 def _messages(stderr: str, kind: str) -> list[str]:

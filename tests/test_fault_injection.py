@@ -23,7 +23,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,8 +36,8 @@ from jbkv_cli.errors import JbkvError
 from jbkv_cli.gate import load_baseline
 from jbkv_cli.runs import RunDir
 from jbkv_cli.video import read_video, write_video_lossless, write_video_mp4
+from tests.installed import JBKV, run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 PROMPTS = (
     "a red circle moves right on a dark background\na blue square moves up on a gray background\n"
 )
@@ -47,10 +46,7 @@ GENERATE += ["--steps", "2", "--prompts", "p.txt"]
 TIMING = {"seconds", "diagnostics_seconds"}
 
 
-def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
-    )
+_jbkv = run_jbkv
 
 
 def _snapshot(run: Path) -> dict[str, object]:

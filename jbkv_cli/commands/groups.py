@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
@@ -119,14 +120,16 @@ def with_groups(command: F) -> F:
                     default=default,
                 )
             )
-    clash = [n for n, c in _counts(p.name for p in params).items() if c > 1]
+    clash = [n for n, c in Counter(p.name for p in params).items() if c > 1]
     if clash:
         raise TypeError(f"{command.__name__}: option groups repeat {', '.join(clash)}")
 
+    packed = {name: (group, tuple(group.declared())) for name, group in groups.items()}
+
     @functools.wraps(command)
     def run(**kwargs: Any) -> Any:
-        for name, group in groups.items():
-            kwargs[name] = group(**{f: kwargs.pop(f) for f in group.declared()})
+        for name, (group, names) in packed.items():
+            kwargs[name] = group(**{f: kwargs.pop(f) for f in names})
         return command(**kwargs)
 
     run.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
@@ -140,13 +143,6 @@ def _in_panel(hint: Any, panel: str) -> Any:
     info = _info(hint)
     placed = OptionInfo(**{**vars(info), "rich_help_panel": panel})
     return Annotated[(base, *[placed if e is info else e for e in extras])]
-
-
-def _counts(names) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for n in names:
-        counts[n] = counts.get(n, 0) + 1
-    return counts
 
 
 @dataclass(frozen=True)

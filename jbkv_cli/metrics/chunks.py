@@ -19,14 +19,20 @@ from typing import Any
 import torch
 
 
+def _first_length(chunk_frames: int, first_frames: int | None) -> int:
+    """The first chunk's length (default ``chunk_frames``); both must be at least 1."""
+    first = chunk_frames if first_frames is None else first_frames
+    if chunk_frames < 1 or first < 1:
+        raise ValueError(f"chunk lengths must be >= 1, got {chunk_frames} (first {first})")
+    return first
+
+
 def chunk_of(
     frames: torch.Tensor | int, chunk_frames: int, first_frames: int | None = None
 ) -> torch.Tensor | int:
     """The chunk each frame index of ``frames`` belongs to: ``0`` below ``f = first_frames``
     (default ``chunk_frames``), else ``1 + (frame − f) // chunk_frames``."""
-    first = chunk_frames if first_frames is None else first_frames
-    if chunk_frames < 1 or first < 1:
-        raise ValueError(f"chunk lengths must be >= 1, got {chunk_frames} (first {first})")
+    first = _first_length(chunk_frames, first_frames)
     if isinstance(frames, int):
         return 0 if frames < first else 1 + (frames - first) // chunk_frames
     return torch.where(frames < first, 0, 1 + (frames - first).clamp_min(0) // chunk_frames)
@@ -44,7 +50,7 @@ def per_chunk(
     The first entry is chunk :func:`chunk_of` ``(skipped)`` (possibly only partly compared).
     """
     x = torch.as_tensor(values, dtype=torch.float64).flatten()
-    chunk_of(0, chunk_frames, first_frames)  # checks the lengths
+    _first_length(chunk_frames, first_frames)
     if x.numel() == 0:
         return []
     index = chunk_of(torch.arange(x.numel()) + skipped, chunk_frames, first_frames)

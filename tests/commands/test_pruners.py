@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ from typer.testing import CliRunner
 
 from jbkv_cli.cli import app
 from jbkv_cli.prune import load_profile
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 PROMPT = "a red circle moves right on a dark background"
 SMALL = ["--prompt", PROMPT, "--seeds", "0", "--num-chunks", "3", "--steps", "1"]
 
@@ -157,11 +156,7 @@ def test_profile_heads_writes_a_profile_the_pruner_reads(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def _jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120"}
-    env.pop("JBKV_DEBUG", None)
-    argv = [JBKV, *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=cwd, env=env)
+_jbkv = partial(run_jbkv, columns=120)
 
 
 USAGE_ERRORS = [

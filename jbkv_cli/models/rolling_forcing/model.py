@@ -62,9 +62,9 @@ from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.fields import parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.kvcache.rope import KeyRope
-from jbkv_cli.models.base import ProgressFn, Video, text_case
+from jbkv_cli.models.base import ProgressFn, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention, wan_key_rope
-from jbkv_cli.models.diffusers_wan import checked_options, chunk_video
+from jbkv_cli.models.diffusers_wan import checked_options
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.rolling_forcing import plan
 from jbkv_cli.models.self_forcing import model as sf
@@ -268,24 +268,9 @@ class RollingForcing(sf.SelfForcing):
             context.commit = False
             context.reads = {}
 
-    def generate(
-        self,
-        case: Case | str,
-        seed: int,
-        kv: KVSpec,
-        *,
-        progress: ProgressFn | None = None,
-        observer: AttentionObserver | None = None,
-    ) -> Video:
-        """Generate one video; the noise depends only on (case name, seed, settings)."""
-        case = Case.of(case)
+    def check_case(self, case: Case) -> None:
+        """Refuse a case with a trajectory or an image (:func:`check_case`)."""
         check_case(case)
-        latents, cache_info = self.generate_latents(
-            case.prompt, seed, kv, progress=progress, observer=observer, name=case.name
-        )
-        info = {"timesteps": self.settings["timesteps"], "clean_context": CLEAN_CONTEXT}
-        label = self.resolve_kv(kv).label
-        return chunk_video(self.components, self.config, latents, label, info | cache_info)
 
 
 def check_case(case: Case) -> None:

@@ -405,6 +405,10 @@ class SelfForcing(WanHeads):
             info["kv_cache_bytes_by_head"] = peak.by_kind
         return torch.cat(chunks, dim=2), info
 
+    def check_case(self, case: Case) -> None:
+        """Refuse a case this model cannot generate (:func:`check_case`)."""
+        check_case(case, self.config)
+
     def generate(
         self,
         case: Case | str,
@@ -417,7 +421,7 @@ class SelfForcing(WanHeads):
         """Generate one video; the noise depends only on (case name, seed, settings). A case
         with an image (frame-wise models) starts from that image (image-to-video)."""
         case = Case.of(case)
-        check_case(case, self.config)
+        self.check_case(case)
         image = None if case.image is None else self.encode_image(case.image, case.name)
         latents, cache_info = self.generate_latents(
             case.prompt, seed, kv, progress=progress, observer=observer, image=image, name=case.name

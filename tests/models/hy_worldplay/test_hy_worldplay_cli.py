@@ -4,24 +4,19 @@ back by every variant, quantize-eval), and every bad input as one line on stderr
 for missing weights), with nothing created."""
 
 import json
-import os
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+from tests.installed import run_jbkv
+
 TINY = ["--model", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks=2"]
 
 
-def jbkv(*args: object, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
-    )
+jbkv = partial(run_jbkv, columns=120, env={"OMP_NUM_THREADS": "1"})
 
 
 def image(path: Path) -> Path:

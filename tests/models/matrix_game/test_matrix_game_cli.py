@@ -7,24 +7,19 @@ diffusers import is paid once)."""
 import json
 import os
 import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from jbkv_cli.cli import app
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 TINY = ["-m", "matrix-game-2", "-o", "config=tiny-random"]
 
 
-def jbkv(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "160", "OMP_NUM_THREADS": "1"}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
-    )
+jbkv = partial(run_jbkv, columns=160, env={"OMP_NUM_THREADS": "1"})
 
 
 def cases(folder: Path, row: str = "1.png,a red room,a.json") -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,8 +32,8 @@ from jbkv_cli.models.self_forcing.checkpoint import diffusers_name, strip_wrappe
 from jbkv_cli.models.self_forcing.image import image_pixels
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.video import read_video
+from tests.installed import JBKV, run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 ATOL = 1e-5  # fp32: cached loop vs cache-free re-runs under a mask
 FSDP = "model._fsdp_wrapped_module."
 FRAMEWISE = dict(config="tiny-random", chunk_frames=1, num_chunks=5, window=20, device="cpu")
@@ -280,9 +279,7 @@ def test_causal_forcing_horizon_and_rotary_table_are_usage_errors(tmp_path):
         )
 
 
-def _jbkv(*args, cwd: Path) -> subprocess.CompletedProcess:
-    argv = [JBKV, *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=cwd)
+_jbkv = run_jbkv
 
 
 @pytest.mark.parametrize(

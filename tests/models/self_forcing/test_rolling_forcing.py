@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,8 +32,8 @@ from jbkv_cli.models.self_forcing.checkpoint import (
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.models.tiny.model import TinyConfig, apply_rope, key_rope, rope_angles, rope_tables
 from jbkv_cli.seeding import noise_generator
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 TOKENS = 4  # tokens per latent frame at 32x32 (4x4 latents, 2x2 patches)
 ATOL = 1e-5
 
@@ -342,9 +341,7 @@ def test_rolling_forcing_bad_options_are_usage_errors(options, message):
 
 
 def _jbkv(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    if not Path(JBKV).is_file():
-        pytest.skip(f"no installed jbkv next to {sys.executable}")
-    return subprocess.run([JBKV, *args], capture_output=True, text=True, timeout=900, cwd=cwd)
+    return run_jbkv(*args, cwd=cwd)
 
 
 TINY = ["-m", "rolling-forcing", "-o", "config=tiny-random", "--device", "cpu"]
