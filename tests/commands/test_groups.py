@@ -83,6 +83,12 @@ def test_argv_gives_back_the_group_it_was_written_from():
     assert result.exit_code == 0, result.output
     assert seen[-1][1:] == (knobs, flags)
     assert _Knobs(loud=False, level=2).argv() == ["--level", "2"]
+    assert _Switch(on=False).argv() == ["--off"] and _Switch().argv() == []
+
+
+@dataclass(frozen=True)
+class _Switch(OptionGroup):
+    on: Annotated[bool, typer.Option("--on/--off", help="A switch on by default.")] = True
 
 
 def test_two_groups_naming_one_option_are_refused_when_the_command_is_declared():
