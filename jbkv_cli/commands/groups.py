@@ -47,6 +47,7 @@ from jbkv_cli.commands.options import (
     with_image,
 )
 from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fingerprints import with_digests
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import MODELS, check_cases, check_options, check_prompts, load_model
 from jbkv_cli.runs import check_prompt
@@ -200,7 +201,8 @@ class Inputs(Prompts):
         """(case, seeds) pairs from ``--cases`` or the prompts, every case's name checked for
         file names and every case checked by the model with its ``options`` (an image or a
         trajectory for a text-only model, a trajectory of the wrong length, …), before anything
-        is created."""
+        is created; each case carries the digests of its files (a run refuses a resume from
+        changed ones: :mod:`jbkv_cli.fingerprints`)."""
         if self.cases is None:
             items = [(Case(p), s) for p, s in self.prompt_items(model)]
         else:
@@ -211,7 +213,7 @@ class Inputs(Prompts):
         items = with_image(items, self.image, self.cases)
         with model_errors(model):
             check_cases(model, [c for c, _ in items], **options)
-        return items
+        return [(with_digests(c), s) for c, s in items]
 
 
 def check_model(name: str) -> None:

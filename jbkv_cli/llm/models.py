@@ -116,9 +116,29 @@ def load_tokenizer(where: str) -> Any:
     return AutoTokenizer.from_pretrained(where)
 
 
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken")
+
+
+def model_files(where: str) -> dict[str, Path]:
+    """Name -> file of what loading the model folder ``where`` may read (its top-level files
+    ending in :data:`MODEL_FILE_SUFFIXES`: config, weights, tokenizer), which the run
+    fingerprints by content (:mod:`jbkv_cli.fingerprints`); none for a hub id, whose commit in
+    the run's settings names its content."""
+    path = Path(where)
+    if not path.is_dir():
+        return {}
+    return {
+        f.name: f
+        for f in sorted(path.iterdir())
+        if f.suffix in MODEL_FILE_SUFFIXES and not f.name.startswith(".") and f.is_file()
+    }
+
+
 def _fingerprint(where: str, embedded: bool, model: Any) -> str:
     """What identifies the weights in the run's settings: a hash of the config and the weight
-    files' names and sizes (a folder), or the hub commit."""
+    files' names and sizes (a folder), or the hub commit. Kept as runs of earlier versions
+    recorded it; the weights' content is checked by the run's ``inputs``
+    (:func:`model_files`)."""
     path = Path(where)
     if not path.is_dir():
         commit = getattr(model.config, "_commit_hash", None)

@@ -7,13 +7,16 @@ prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raise
 prompt before anything is created. A model that reads more than a prompt (an image, a camera
 trajectory: :class:`~jbkv_cli.cases.Case`) provides ``check_cases(cases, **options)``, which
 refuses a case it cannot generate with those options; every other model takes prompt-only
-cases (:func:`check_cases`).
+cases (:func:`check_cases`). A model that reads files (weights, configs, a pose file option)
+provides ``input_files(**options)``: role -> each file or folder ``load_model`` reads, which a
+run fingerprints (:mod:`jbkv_cli.fingerprints`) to refuse a resume from changed files.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from jbkv_cli.cases import Case
@@ -75,3 +78,10 @@ def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
         check(cases, **options)
         return
     check_prompts(name, [text_case(c, name).prompt for c in cases])
+
+
+def input_files(name: str, **options: Any) -> dict[str, Path]:
+    """Role -> the file or folder model ``name`` reads with ``options`` (its module's
+    ``input_files``; none for a model built from nothing but its options)."""
+    files = getattr(_module(name)[0], "input_files", None)
+    return {} if files is None else {k: Path(v) for k, v in files(**options).items() if v}

@@ -37,7 +37,7 @@ from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, open_image, trajectory_of
 
-__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "load_model"]
+__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_files", "load_model"]
 
 CONFIGS = ("8B", "tiny-random")
 MAX_FRAMES = 4 * 4 * limits.MAX_CHUNKS - 3
@@ -128,6 +128,20 @@ def check_options(**options: Any) -> None:
         from jbkv_cli.models.hy_worldplay.checkpoint import locate
 
         locate(opt.get("weights"))
+
+
+def input_files(**options: Any) -> dict[str, Any]:
+    """Role -> the weight files and folders these options read, and the ``pose`` option's
+    JSON file (the trajectory of cases without one)."""
+    settings, _, opt = _resolved(options)
+    pose = settings.pose.strip() if settings.pose is not None else ""
+    files: dict[str, Any] = {"pose": Path(pose)} if pose.endswith(".json") else {}
+    if settings.config != "tiny-random":
+        from jbkv_cli.fingerprints import paths_of
+        from jbkv_cli.models.hy_worldplay.checkpoint import locate
+
+        files |= paths_of(locate(opt.get("weights")))
+    return files
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

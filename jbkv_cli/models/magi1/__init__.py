@@ -37,7 +37,7 @@ from jbkv_cli.models.magi1.schedule import required_window
 from jbkv_cli.models.magi1.text import SpecialTokens, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
 
-__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "load_model"]
+__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "input_files", "load_model"]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=(*VARIANTS, TINY_VARIANT.name)),
@@ -143,6 +143,19 @@ def check_options(**options: Any) -> None:
     variant, _, opt = _resolved(options)
     if variant.name != TINY_VARIANT.name:
         locate(variant, opt.get("weights"))
+
+
+def input_files(**options: Any) -> dict[str, Any]:
+    """Role -> the weight files and folders these options read (none for the tiny config)."""
+    variant, _, opt = _resolved(options)
+    if variant.name == TINY_VARIANT.name:
+        return {}
+    from jbkv_cli.fingerprints import paths_of
+
+    files = paths_of(locate(variant, opt.get("weights")))
+    if opt.get("special_tokens") is not None:
+        files["special_tokens"] = opt["special_tokens"]
+    return files
 
 
 def load_model(**options: Any) -> Magi1VideoModel:

@@ -39,7 +39,7 @@ from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
 from jbkv_cli.models.matrix_game.model import MatrixGame2, Settings, check_case
 
-__all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "load_model"]
+__all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "input_files", "load_model"]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
@@ -120,6 +120,17 @@ def check_options(**options: Any) -> None:
         from jbkv_cli.models.matrix_game.loaders import locate
 
         locate(settings.config, opt.get("weights"))
+
+
+def input_files(**options: Any) -> dict[str, Any]:
+    """Role -> the weight files these options read (none for tiny-random)."""
+    settings, _, opt = _resolved(options)
+    if settings.config == "tiny-random":
+        return {}
+    from jbkv_cli.fingerprints import paths_of
+    from jbkv_cli.models.matrix_game.loaders import locate
+
+    return paths_of(locate(settings.config, opt.get("weights")))
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

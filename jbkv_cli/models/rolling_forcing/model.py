@@ -72,6 +72,7 @@ from jbkv_cli.models.self_forcing.components import (
     load_components,
     locate,
     tiny_components,
+    weight_files,
 )
 from jbkv_cli.models.self_forcing.schedule import renoise, to_x0
 from jbkv_cli.seeding import noise_generator
@@ -299,6 +300,12 @@ def check_options(**options: Any) -> None:
     """Refuse what :func:`load_model` would refuse (values, lengths, missing weight files)
     without building the model."""
     _resolved(options)
+
+
+def input_files(**options: Any) -> dict[str, Any]:
+    """Role -> the weight files and folders these options read (none for tiny-random)."""
+    _, _, paths = _resolved(options)
+    return {} if paths is None else weight_files(paths)
 
 
 def check_cases(cases: Any, **options: Any) -> None:

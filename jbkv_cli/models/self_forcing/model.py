@@ -89,6 +89,7 @@ from jbkv_cli.models.self_forcing.components import (
     load_components,
     locate,
     tiny_components,
+    weight_files,
 )
 from jbkv_cli.models.self_forcing.image import encode_image, read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
@@ -567,6 +568,12 @@ def check_options(**options: Any) -> None:
     """Refuse what :func:`load_model` would refuse for these options (values, missing weight
     files) without building the model."""
     _resolved(options)
+
+
+def input_files(**options: Any) -> dict[str, Any]:
+    """Role -> the weight files and folders these options read (none for tiny-random)."""
+    _, _, paths = _resolved(options)
+    return {} if paths is None else weight_files(paths)
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:
