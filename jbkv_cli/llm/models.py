@@ -25,6 +25,7 @@ import torch
 
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.pretrained import from_pretrained
 
 EMBEDDED = "tiny"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "tiny" / "weights"
@@ -112,8 +113,8 @@ def load_tokenizer(where: str) -> Any:
         except (JbkvError, AttributeError):
             declared = None  # transformers says what is wrong with it
         if declared in GENERIC_TOKENIZERS:
-            return PreTrainedTokenizerFast.from_pretrained(where)
-    return AutoTokenizer.from_pretrained(where)
+            return from_pretrained(PreTrainedTokenizerFast, where)
+    return from_pretrained(AutoTokenizer, where)
 
 
 def _fingerprint(where: str, embedded: bool, model: Any) -> str:
@@ -133,7 +134,7 @@ def _fingerprint(where: str, embedded: bool, model: Any) -> str:
 
 def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     """Load ``--model`` with its tokenizer in ``dtype`` on ``device``, hosted by jbkv."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from jbkv_cli.llm.hosting import ATTENTION, host, register
@@ -143,9 +144,10 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     register()
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
     try:
+        from_pretrained(AutoConfig, where)  # a model that needs its own code: refused first
         tokenizer = load_tokenizer(where)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+        model = from_pretrained(
+            AutoModelForCausalLM, where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
         )
     except (OSError, ValueError, KeyError, ImportError) as exc:
         first = " ".join(str(exc).split())[:200]
