@@ -32,7 +32,8 @@ def from_pretrained(cls: type[T], where: str | os.PathLike[str], **kwargs: Any) 
     """``cls.from_pretrained(where, trust_remote_code=False, **kwargs)``; a folder that needs
     its own code is a :class:`CustomCodeError` naming ``where``."""
     try:
-        return cls.from_pretrained(where, trust_remote_code=False, **kwargs)  # type: ignore[attr-defined]
+        load = cls.from_pretrained  # type: ignore[attr-defined]
+        return load(where, trust_remote_code=False, **kwargs)
     except ValueError as exc:
         if _ASKS_FOR_CODE not in str(exc):
             raise

@@ -243,10 +243,7 @@ def _wan_root(root: Path, marker: Path) -> Path:
 
     tiny = comp.tiny_components(seed=0)
     base = root / comp.BASE_DIR
-    tiny.transformer.save_config(base / "transformer")
-    tiny.vae.save_pretrained(base / "vae")
-    tiny.text_encoder.save_pretrained(base / "text_encoder")
-    tiny.tokenizer.save_pretrained(base / "tokenizer")
+    comp.save_base(tiny, base)
     poison(base / "tokenizer", marker, "tokenizer")
     sd = tiny.transformer.state_dict()
     state = {

@@ -95,6 +95,18 @@ def model_path(name: str) -> tuple[str, bool]:
     )
 
 
+def model_files(name: str) -> list[Path]:
+    """What ``--model`` reads: its folder (the embedded LM's for ``tiny``), or a hub id's
+    folder in the Hugging Face cache when it is there."""
+    where, _ = model_path(name)
+    if Path(where).is_dir():
+        return [Path(where)]
+    from huggingface_hub import constants
+
+    cached = Path(constants.HF_HUB_CACHE) / ("models--" + where.replace("/", "--"))
+    return [cached] if cached.is_dir() else []
+
+
 GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 

@@ -289,6 +289,15 @@ def load_components(
     return Components(transformer=transformer, **parts, source=str(paths.generator))
 
 
+def save_base(components: Components, base: Path) -> None:
+    """Write ``components``' Wan base parts in the diffusers layout ``load_components`` reads
+    (the transformer's config only: its weights come from the generator; used by tests)."""
+    components.transformer.save_config(base / "transformer")
+    components.vae.save_pretrained(base / "vae")
+    components.text_encoder.save_pretrained(base / "text_encoder")
+    components.tokenizer.save_pretrained(base / "tokenizer")
+
+
 # --------------------------------------------------------------------------- tiny, in memory
 
 
