@@ -152,8 +152,8 @@ def llm_prefill(
 ) -> None:
     """Teacher-forced NLL of a current chunk over a quantized cached prefix (paper §5.4): the
     reference vs each variant, paired per example, by prefix-length bin and chunk size."""
-    from jbkv_cli.llm.data import open_source, parse_bins, parse_sizes, select_examples
-    from jbkv_cli.llm.models import EMBEDDED, load_lm, model_path, resolve_dtype
+    from jbkv_cli.llm.data import data_file, open_source, parse_bins, parse_sizes, select_examples
+    from jbkv_cli.llm.models import EMBEDDED, load_lm, model_files, model_path, resolve_dtype
     from jbkv_cli.runs import check_run_dir
 
     if backend not in BACKENDS:
@@ -171,10 +171,11 @@ def llm_prefill(
         EMBEDDED if embedded else (str(Path(where).resolve()) if Path(where).is_dir() else where)
     )
     root = out_dir or Path("runs") / "llm-prefill" / _slug(model)
-    if json_path is not None:  # not over a file of this run (or another one) that jbkv reads
-        check_output_file(json_path, "--json", runs=[root])
     longest = max(b.hi for b in bin_list) + max(chunk_list)
     source = open_source(data, seed, longest, embedded=embedded)
+    if json_path is not None:  # not over a file of a run, nor over the data or the model
+        reads = [p for p in [data_file(data), *model_files(model)] if p is not None]
+        check_output_file(json_path, "--json", runs=[root], inputs=reads)
     distributed.setup(dev)
     lm = load_lm(model, dtype_name, dev)
     _check_fit(lm, specs, bin_list, chunk_list)

@@ -33,11 +33,12 @@ from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.models import limits
+from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, open_image, trajectory_of
 
-__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "load_model"]
+__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
 
 CONFIGS = ("8B", "tiny-random")
 MAX_FRAMES = 4 * 4 * limits.MAX_CHUNKS - 3
@@ -128,6 +129,19 @@ def check_options(**options: Any) -> None:
         from jbkv_cli.models.hy_worldplay.checkpoint import locate
 
         locate(opt.get("weights"))
+
+
+def input_paths(**options: Any) -> list[Path]:
+    """The weight files and folders these options read, and a ``pose`` JSON file (none but
+    that for tiny-random)."""
+    settings, _, opt = _resolved(options)
+    pose = settings.pose
+    found = [Path(pose)] if pose is not None and Path(pose).is_file() else []
+    if settings.config == "tiny-random":
+        return found
+    from jbkv_cli.models.hy_worldplay.checkpoint import locate
+
+    return [*located(locate(opt.get("weights"))), *found]
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

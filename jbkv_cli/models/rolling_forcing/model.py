@@ -52,6 +52,7 @@ independent first frame; not wired here).
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,7 +63,7 @@ from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.fields import parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.kvcache.rope import KeyRope
-from jbkv_cli.models.base import ProgressFn, text_case
+from jbkv_cli.models.base import ProgressFn, located, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention, wan_key_rope
 from jbkv_cli.models.diffusers_wan import checked_options
 from jbkv_cli.models.dtypes import dtype_from_name
@@ -299,6 +300,12 @@ def check_options(**options: Any) -> None:
     """Refuse what :func:`load_model` would refuse (values, lengths, missing weight files)
     without building the model."""
     _resolved(options)
+
+
+def input_paths(**options: Any) -> list[Path]:
+    """The base folder and checkpoint these options read (none for tiny-random)."""
+    _, _, paths = _resolved(options)
+    return [] if paths is None else located(paths)
 
 
 def check_cases(cases: Any, **options: Any) -> None:

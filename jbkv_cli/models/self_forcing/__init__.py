@@ -2,6 +2,12 @@
 Causal-Forcing / Causal-Forcing++ chunk- and frame-wise, image-to-video) via diffusers, with
 jbkv's chunk KV cache."""
 
-from jbkv_cli.models.self_forcing.model import SelfForcing, check_cases, check_options, load_model
+from jbkv_cli.models.self_forcing.model import (
+    SelfForcing,
+    check_cases,
+    check_options,
+    input_paths,
+    load_model,
+)
 
-__all__ = ["SelfForcing", "check_cases", "check_options", "load_model"]
+__all__ = ["SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

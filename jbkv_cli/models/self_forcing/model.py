@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ from jbkv_cli.cases import Case
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
-from jbkv_cli.models.base import ProgressFn, Video, text_case
+from jbkv_cli.models.base import ProgressFn, Video, located, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
     WAN_OPTIONS,
@@ -567,6 +568,12 @@ def check_options(**options: Any) -> None:
     """Refuse what :func:`load_model` would refuse for these options (values, missing weight
     files) without building the model."""
     _resolved(options)
+
+
+def input_paths(**options: Any) -> list[Path]:
+    """The base folder and checkpoint files these options read (none for tiny-random)."""
+    _, _, paths = _resolved(options)
+    return [] if paths is None else located(paths)
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

@@ -367,6 +367,12 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
+def input_paths(**options: Any) -> list[Path]:
+    """The weights folder these options read (none for tiny-random)."""
+    _, settings = _resolved(options)
+    return [] if settings.config == "tiny-random" else [Path(settings.weights)]
+
+
 def load_model(**options: Any) -> SkyReelsV2:
     """Build SkyReels-V2 DF-1.3B from local weights, or ``config="tiny-random"``.
 

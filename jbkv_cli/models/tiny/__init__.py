@@ -135,10 +135,15 @@ def check_options(**options: Any) -> dict[str, Any]:
     return opts
 
 
+def input_paths(**options: Any) -> list[Path]:
+    """The weights file these options read."""
+    return [weights_file(check_options(**options).get("weights"))]
+
+
 def load_model(**options: Any) -> TinyVideoModel:
     """Build the tiny model (shipped weights unless ``weights`` is given); options and defaults
     as :func:`check_options`."""
     return TinyVideoModel(**check_options(**options))
 
 
-__all__ = ["TinyVideoModel", "check_options", "check_prompt", "load_model"]
+__all__ = ["TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]
