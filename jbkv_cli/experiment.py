@@ -125,14 +125,14 @@ def fingerprint_inputs(
     root: Path, model: str, options: dict[str, Any], cases: Iterable[Case]
 ) -> Fingerprint:
     """The SHA-256 of every file ``model`` reads with ``options`` (its weights, by role:
-    :func:`~jbkv_cli.models.registry.input_files`), and a run of it at ``root`` checked against
+    :func:`~jbkv_cli.models.registry.input_paths`), and a run of it at ``root`` checked against
     them and against the files of ``cases`` (their ``sha256``): a run made from other files is
     refused here, naming the file, before the model loads and before anything is created
     (:func:`~jbkv_cli.runs.check_inputs`). Rank 0 reads the files; every rank gets the result."""
-    from jbkv_cli.models.registry import input_files
+    from jbkv_cli.models.registry import input_paths
 
     def plan() -> Fingerprint:
-        inputs = fingerprint(expand(input_files(model, **options)))
+        inputs = fingerprint(expand(input_paths(model, **options)))
         check_inputs(root, model, inputs, cases)
         return inputs
 

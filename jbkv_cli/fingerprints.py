@@ -5,7 +5,7 @@ made from the same inputs. A path does not say that (a file replaced in place ke
 so a run keeps the SHA-256 of every file it reads, and a resume whose files differ is refused
 with one line naming the file (exit 1) before anything is written:
 
-- the model's files (a video model's ``input_files``, :func:`jbkv_cli.models.registry.input_files`;
+- the model's files (a video model's ``input_paths``, :func:`jbkv_cli.models.registry.input_paths`;
   llm-prefill's model folder) in the manifest's ``inputs``: key -> ``{"path", "sha256"}``, a
   folder's files keyed ``role/relative path`` (:func:`expand`);
 - each case's image and pose or actions JSON (:func:`case_digests`) in the manifest's
@@ -43,7 +43,7 @@ import os
 import stat
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -186,12 +186,6 @@ def expand(roles: Mapping[str, Path | None]) -> dict[str, Path]:
         for p in sorted(found):
             out[f"{role}/{p.relative_to(path).as_posix()}"] = p
     return out
-
-
-def paths_of(located: Any) -> dict[str, Path | None]:
-    """A dataclass of located weight paths (``WeightPaths``) as role -> path."""
-    assert is_dataclass(located)
-    return {f.name: getattr(located, f.name) for f in fields(located)}
 
 
 def fingerprint(files: Mapping[str, Path]) -> Fingerprint:

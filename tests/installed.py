@@ -17,12 +17,16 @@ def run_jbkv(
     columns: int | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 900,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess:
     """``jbkv ARGS`` in ``cwd`` with its output captured: ``JBKV_DEBUG`` unset (errors stay one
-    line), ``columns`` the terminal width, ``env`` added to this process's environment."""
+    line), ``columns`` the terminal width, ``env`` added to this process's environment, ``stdin``
+    what a pipe into it says (None: no pipe, stdin inherited)."""
     full = {**os.environ, **(env or {})}
     full.pop("JBKV_DEBUG", None)
     if columns is not None:
         full["COLUMNS"] = str(columns)
     argv = [JBKV, *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout)
+    return subprocess.run(
+        argv, capture_output=True, text=True, cwd=cwd, env=full, timeout=timeout, input=stdin
+    )

@@ -150,10 +150,7 @@ def _self_forcing_weights(root: Path, shift: float) -> Path:
     tiny = comp.tiny_components(seed=0)
     base = root / comp.BASE_DIR
     if not base.is_dir():
-        tiny.transformer.save_config(base / "transformer")
-        tiny.vae.save_pretrained(base / "vae")
-        tiny.text_encoder.save_pretrained(base / "text_encoder")
-        tiny.tokenizer.save_pretrained(base / "tokenizer")
+        comp.save_base(tiny, base)
     sd = tiny.transformer.state_dict()
     ema = {k: sd[diffusers_name(strip_wrappers(k))] + shift for k in derive_keys.derive(upstream)}
     (root / "checkpoints").mkdir(exist_ok=True)

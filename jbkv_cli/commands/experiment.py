@@ -18,10 +18,11 @@ from jbkv_cli.commands.groups import (
     check_load,
     check_model,
     load,
+    model_paths,
     with_groups,
 )
 from jbkv_cli.commands.options import print_gate_outcome
-from jbkv_cli.commands.variants import CacheFlags, SweepFlags
+from jbkv_cli.commands.variants import CacheFlags, SweepFlags, profile_paths
 from jbkv_cli.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError, shown
@@ -214,12 +215,23 @@ def quantize_eval(
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
         check_model(name)
-    if json_path is not None:
-        check_output_file(json_path, "--json", runs=[out_dir / name for name in names])
     model_opts = {name: flags.options(name) for name in names}
     work = {name: inputs.items(name, model_opts[name]) for name in names}
     for name in names:  # every model's options and weights, before the first one runs
         check_load(name, model_opts[name])
+    if json_path is not None:  # not over a run's files, nor over anything the command reads
+        reads = [
+            path
+            for name in names
+            for path in (
+                *inputs.paths(name, work[name]),
+                *model_paths(name, model_opts[name]),
+                *profile_paths(specs, name),
+            )
+        ]
+        check_output_file(
+            json_path, "--json", runs=[out_dir / name for name in names], inputs=reads
+        )
     distributed.setup(flags.device)
     files = {  # and every model's files, against its run folder
         name: fingerprint_inputs(out_dir / name, name, model_opts[name], [c for c, _ in items])

@@ -23,12 +23,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_type_hints
 
 from typer.models import OptionInfo
 
 from jbkv_cli.cases import Case
 from jbkv_cli.commands.options import (
+    VBENCH_SETS,
     CasesOpt,
     DeviceOpt,
     ImageOpt,
@@ -42,14 +44,22 @@ from jbkv_cli.commands.options import (
     WindowOpt,
     model_options,
     parse_seeds,
+    prompt_file,
     read_case_items,
     read_prompt_items,
     with_image,
 )
 from jbkv_cli.errors import JbkvError, UsageError
-from jbkv_cli.fingerprints import with_digests
+from jbkv_cli.fingerprints import case_files, with_digests
 from jbkv_cli.models.base import VideoModel
-from jbkv_cli.models.registry import MODELS, check_cases, check_options, check_prompts, load_model
+from jbkv_cli.models.registry import (
+    MODELS,
+    check_cases,
+    check_options,
+    check_prompts,
+    input_paths,
+    load_model,
+)
 from jbkv_cli.runs import check_prompt
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -215,6 +225,19 @@ class Inputs(Prompts):
             check_cases(model, [c for c, _ in items], **options)
         return [(with_digests(c), s) for c, s in items]
 
+    def paths(self, model: str, items: list[tuple[Case, list[int]]]) -> list[Path]:
+        """The files these inputs read: the prompt file (none for ``--prompt`` alone or a
+        VBench set, which is package data) or the case file, and every case's image
+        (``--image`` too) and pose or actions JSON file
+        (:func:`~jbkv_cli.fingerprints.case_files`)."""
+        if self.cases is not None:
+            found = [self.cases]
+        elif self.prompts in VBENCH_SETS:
+            found = []
+        else:
+            found = [p for p in [prompt_file(self.prompts, self.prompt, model)] if p is not None]
+        return found + [p for case, _ in items for p in case_files(case).values()]
+
 
 def check_model(name: str) -> None:
     """An unknown ``--model`` is a usage error naming the known ones."""
@@ -238,6 +261,13 @@ def load(name: str, options: dict[str, Any]) -> VideoModel:
     """``load_model(name, **options)``, its refusals as :func:`model_errors` states them."""
     with model_errors(name):
         return load_model(name, **options)
+
+
+def model_paths(name: str, options: dict[str, Any]) -> list[Path]:
+    """The weight files and folders :func:`load` would read (located, not read: the values of
+    :func:`~jbkv_cli.models.registry.input_paths`)."""
+    with model_errors(name):
+        return list(input_paths(name, **options).values())
 
 
 def check_load(name: str, options: dict[str, Any]) -> None:

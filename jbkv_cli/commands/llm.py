@@ -73,10 +73,10 @@ def _model_inputs(root: Path, model_id: str, where: str) -> dict[str, Any]:
     """The model folder's files by content; a run at ``root`` made from other files is refused
     here, naming the file, before the model loads (:func:`jbkv_cli.runs.check_inputs`)."""
     from jbkv_cli.fingerprints import fingerprint
-    from jbkv_cli.llm.models import model_files
+    from jbkv_cli.llm.models import folder_files
     from jbkv_cli.runs import check_inputs
 
-    inputs = fingerprint(model_files(where))
+    inputs = fingerprint(folder_files(where))
     check_inputs(root, model_id, inputs)
     return inputs
 
@@ -195,8 +195,8 @@ def llm_prefill(
 ) -> None:
     """Teacher-forced NLL of a current chunk over a quantized cached prefix (paper §5.4): the
     reference vs each variant, paired per example, by prefix-length bin and chunk size."""
-    from jbkv_cli.llm.data import open_source, parse_bins, parse_sizes, select_examples
-    from jbkv_cli.llm.models import EMBEDDED, load_lm, model_path, resolve_dtype
+    from jbkv_cli.llm.data import data_file, open_source, parse_bins, parse_sizes, select_examples
+    from jbkv_cli.llm.models import EMBEDDED, load_lm, model_files, model_path, resolve_dtype
     from jbkv_cli.runs import check_run_dir
 
     if backend not in BACKENDS:
@@ -214,10 +214,11 @@ def llm_prefill(
         EMBEDDED if embedded else (str(Path(where).resolve()) if Path(where).is_dir() else where)
     )
     root = out_dir or Path("runs") / "llm-prefill" / _slug(model)
-    if json_path is not None:  # not over a file of this run (or another one) that jbkv reads
-        check_output_file(json_path, "--json", runs=[root])
     longest = max(b.hi for b in bin_list) + max(chunk_list)
     source = open_source(data, seed, longest, embedded=embedded)
+    if json_path is not None:  # not over a file of a run, nor over the data or the model
+        reads = [p for p in [data_file(data), *model_files(model)] if p is not None]
+        check_output_file(json_path, "--json", runs=[root], inputs=reads)
     distributed.setup(dev)
     inputs = distributed.from_rank0(
         lambda: _model_inputs(root, model_id, where), "fingerprinting the model"

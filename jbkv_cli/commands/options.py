@@ -173,30 +173,39 @@ def with_image(
     return [(Case(c.prompt, path, c.trajectory, c.id), s) for c, s in items]
 
 
-def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:
-    """Prompts from a file or a named set, plus ``--prompt`` values; default: the model's set."""
-    prompts: list[str] = []
+def prompt_file(spec: str | None, extra: list[str] | None, model: str) -> Path | None:
+    """The file ``--prompts`` names: a path, else a named set in ``prompts/``; with neither
+    ``--prompts`` nor ``--prompt``, the model's own set. None when only ``--prompt`` is given."""
     if spec is None and not extra:
         spec = model if (PROMPTS_DIR / f"{model}.txt").is_file() else None
         if spec is None:
             raise UsageError(
                 f"give --prompts FILE, --prompt TEXT or --cases FILE for model {model!r}"
             )
-    if spec is not None:
-        path = Path(spec)
-        if not path.exists() or path.is_dir():
-            named = PROMPTS_DIR / f"{spec}.txt"
-            if not named.is_file():
-                sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
-                raise UsageError(
-                    f"no prompt file {shown(spec)} (named sets: {', '.join(sets) or 'none'})"
-                )
-            path = named
+    if spec is None:
+        return None
+    path = Path(spec)
+    if not path.exists() or path.is_dir():
+        named = PROMPTS_DIR / f"{spec}.txt"
+        if not named.is_file():
+            sets = sorted(p.stem for p in PROMPTS_DIR.glob("*.txt"))
+            raise UsageError(
+                f"no prompt file {shown(spec)} (named sets: {', '.join(sets) or 'none'})"
+            )
+        path = named
+    return path
+
+
+def read_prompts(spec: str | None, extra: list[str] | None, model: str) -> list[str]:
+    """Prompts from a file or a named set, plus ``--prompt`` values; default: the model's set."""
+    prompts: list[str] = []
+    path = prompt_file(spec, extra, model)
+    if path is not None:
         lines = prompt_lines(read_text(path, "prompt file", MAX_TEXT_BYTES))
         prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     prompts += [p.strip() for p in extra or [] if p.strip()]
     if not prompts:
-        raise UsageError(f"no prompts in {spec}")
+        raise UsageError(f"no prompts in {spec if spec is not None else path}")
     return list(dict.fromkeys(prompts))
 
 

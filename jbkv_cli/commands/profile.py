@@ -18,7 +18,7 @@ from rich.table import Table
 
 from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.commands.experiment import NO_LAYOUT
-from jbkv_cli.commands.groups import Inputs, ModelFlags, check_model, load, with_groups
+from jbkv_cli.commands.groups import Inputs, ModelFlags, check_model, load, model_paths, with_groups
 from jbkv_cli.console import err, out
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.models.base import PrunableModel
@@ -92,9 +92,10 @@ def profile_heads(
     reads (`--rule local-mass`: what `-M forcing-kv-history.profile=` was made for)."""
     chosen = _rule(rule, threshold, last_frames, skip_frames, anchor_frames)
     check_model(model)
-    check_output_file(out_path, "--out")
     options = flags.options(model)
     items = inputs.items(model, options)  # --cases: image + actions models (matrix-game-2)
+    reads = [*inputs.paths(model, items), *model_paths(model, options)]
+    check_output_file(out_path, "--out", inputs=reads)  # not over a run, nor over an input
     m = load(model, options)
     if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")

@@ -9,6 +9,7 @@ checked by the command once the model is built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 import typer
@@ -44,6 +45,13 @@ def build_spec(*args: Any, **kwargs: Any) -> KVSpec:
         return KVSpec.build(*args, **kwargs)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def profile_paths(specs: list[KVSpec], model: str) -> list[Path]:
+    """The head profiles the variants' pruners read for ``model`` (``-M NAME.profile=FILE``,
+    else the one shipped for it)."""
+    pruners = dict.fromkeys(s.pruner for s in specs if s.pruner is not None)
+    return [p.profile_path(model) for p in pruners if hasattr(p, "profile_path")]
 
 
 def pruner_from(name: str, options: dict[str, dict[str, Any]]) -> KVPruner | None:

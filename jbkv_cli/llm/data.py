@@ -137,6 +137,13 @@ def longbench_path() -> Path:
     return entries[0].destination()
 
 
+def data_file(data: str) -> Path | None:
+    """The file ``--data`` reads (None for the synthetic language, made in code)."""
+    if data == SYNTHETIC:
+        return None
+    return longbench_path() if data == LONGBENCH else Path(data)
+
+
 def open_source(data: str, seed: int, longest: int, *, embedded: bool) -> Source:
     """The source named by ``--data`` (see the module docstring). ``longest``: the most tokens
     one example needs (plain-text windows are cut that long)."""

@@ -25,6 +25,7 @@ import torch
 
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.pretrained import from_pretrained
 
 EMBEDDED = "tiny"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "tiny" / "weights"
@@ -94,6 +95,37 @@ def model_path(name: str) -> tuple[str, bool]:
     )
 
 
+def model_files(name: str) -> list[Path]:
+    """What ``--model`` reads: its folder (the embedded LM's for ``tiny``), or a hub id's
+    folder in the Hugging Face cache when it is there (what an output may not overwrite; the
+    files of a folder, by content: :func:`folder_files`)."""
+    where, _ = model_path(name)
+    if Path(where).is_dir():
+        return [Path(where)]
+    from huggingface_hub import constants
+
+    cached = Path(constants.HF_HUB_CACHE) / ("models--" + where.replace("/", "--"))
+    return [cached] if cached.is_dir() else []
+
+
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken")
+
+
+def folder_files(where: str) -> dict[str, Path]:
+    """Name -> file of what loading the model folder ``where`` (:func:`model_files`) may read:
+    its top-level files ending in :data:`MODEL_FILE_SUFFIXES` (config, weights, tokenizer),
+    which the run fingerprints by content (:mod:`jbkv_cli.fingerprints`); none for a hub id,
+    whose commit in the run's settings names its content."""
+    path = Path(where)
+    if not path.is_dir():
+        return {}
+    return {
+        f.name: f
+        for f in sorted(path.iterdir())
+        if f.suffix in MODEL_FILE_SUFFIXES and not f.name.startswith(".") and f.is_file()
+    }
+
+
 GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
@@ -112,33 +144,15 @@ def load_tokenizer(where: str) -> Any:
         except (JbkvError, AttributeError):
             declared = None  # transformers says what is wrong with it
         if declared in GENERIC_TOKENIZERS:
-            return PreTrainedTokenizerFast.from_pretrained(where)
-    return AutoTokenizer.from_pretrained(where)
-
-
-MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken")
-
-
-def model_files(where: str) -> dict[str, Path]:
-    """Name -> file of what loading the model folder ``where`` may read (its top-level files
-    ending in :data:`MODEL_FILE_SUFFIXES`: config, weights, tokenizer), which the run
-    fingerprints by content (:mod:`jbkv_cli.fingerprints`); none for a hub id, whose commit in
-    the run's settings names its content."""
-    path = Path(where)
-    if not path.is_dir():
-        return {}
-    return {
-        f.name: f
-        for f in sorted(path.iterdir())
-        if f.suffix in MODEL_FILE_SUFFIXES and not f.name.startswith(".") and f.is_file()
-    }
+            return from_pretrained(PreTrainedTokenizerFast, where)
+    return from_pretrained(AutoTokenizer, where)
 
 
 def _fingerprint(where: str, embedded: bool, model: Any) -> str:
     """What identifies the weights in the run's settings: a hash of the config and the weight
     files' names and sizes (a folder), or the hub commit. Kept as runs of earlier versions
     recorded it; the weights' content is checked by the run's ``inputs``
-    (:func:`model_files`)."""
+    (:func:`folder_files`)."""
     path = Path(where)
     if not path.is_dir():
         commit = getattr(model.config, "_commit_hash", None)
@@ -153,7 +167,7 @@ def _fingerprint(where: str, embedded: bool, model: Any) -> str:
 
 def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     """Load ``--model`` with its tokenizer in ``dtype`` on ``device``, hosted by jbkv."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     from jbkv_cli.llm.hosting import ATTENTION, host, register
@@ -163,9 +177,10 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     register()
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
     try:
+        from_pretrained(AutoConfig, where)  # a model that needs its own code: refused first
         tokenizer = load_tokenizer(where)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+        model = from_pretrained(
+            AutoModelForCausalLM, where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
         )
     except (OSError, ValueError, KeyError, ImportError) as exc:
         first = " ".join(str(exc).split())[:200]

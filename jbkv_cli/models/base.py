@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -119,3 +120,9 @@ def resolve_spec(model: VideoModel, spec: KVSpec) -> KVSpec:
 def resolve_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     """:func:`resolve_spec` of each, in order, duplicates dropped."""
     return list(dict.fromkeys(resolve_spec(model, s) for s in specs))
+
+
+def located(paths: Any) -> dict[str, Path]:
+    """Field name -> path of a located-weights dataclass (``WeightPaths``), those set: the
+    roles a model module's ``input_paths`` returns (:func:`jbkv_cli.models.registry.input_paths`)."""
+    return {f.name: Path(p) for f in fields(paths) if (p := getattr(paths, f.name)) is not None}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from jbkv_cli.models import limits
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.diffusers_cache import wan_key_rope
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.pretrained import CustomCodeError
 from jbkv_cli.quant.qvg_policy import LAYOUTS
 
 TINY_TEXT_DIM = 32
@@ -88,6 +90,23 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_parts(loaders: dict[str, Callable[[], Any]], what: str, root: Path) -> dict[str, Any]:
+    """Each part's loader run in turn; any failure one :class:`WeightsNotFoundError` naming
+    ``what``, the part and its folder under ``root`` (a folder that asks to run its own code
+    stays the :class:`~jbkv_cli.pretrained.CustomCodeError` it is)."""
+    parts: dict[str, Any] = {}
+    for name, load in loaders.items():
+        try:
+            parts[name] = load()
+        except CustomCodeError:
+            raise
+        except Exception as exc:  # any loader failure means a bad weights directory
+            raise WeightsNotFoundError(
+                f"could not load the {what} {name} from {root / name}: {first_line(exc)}"
+            ) from exc
+    return parts
 
 
 # --------------------------------------------------------------------------- running

@@ -33,11 +33,13 @@ from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.models import limits
+from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, open_image, trajectory_of
+from jbkv_cli.models.hy_worldplay.trajectory import is_json_path
 
-__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_files", "load_model"]
+__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
 
 CONFIGS = ("8B", "tiny-random")
 MAX_FRAMES = 4 * 4 * limits.MAX_CHUNKS - 3
@@ -130,18 +132,17 @@ def check_options(**options: Any) -> None:
         locate(opt.get("weights"))
 
 
-def input_files(**options: Any) -> dict[str, Any]:
+def input_paths(**options: Any) -> dict[str, Path]:
     """Role -> the weight files and folders these options read, and the ``pose`` option's
-    JSON file (the trajectory of cases without one)."""
+    JSON file (the trajectory of cases without one; only that for tiny-random)."""
     settings, _, opt = _resolved(options)
-    pose = settings.pose.strip() if settings.pose is not None else ""
-    files: dict[str, Any] = {"pose": Path(pose)} if pose.endswith(".json") else {}
-    if settings.config != "tiny-random":
-        from jbkv_cli.fingerprints import paths_of
-        from jbkv_cli.models.hy_worldplay.checkpoint import locate
+    pose = settings.pose
+    found = {"pose": Path(pose.strip())} if pose is not None and is_json_path(pose) else {}
+    if settings.config == "tiny-random":
+        return found
+    from jbkv_cli.models.hy_worldplay.checkpoint import locate
 
-        files |= paths_of(locate(opt.get("weights")))
-    return files
+    return located(locate(opt.get("weights"))) | found
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

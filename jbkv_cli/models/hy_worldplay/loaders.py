@@ -25,6 +25,7 @@ from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.hy_worldplay.checkpoint import WeightPaths
 from jbkv_cli.models.hy_worldplay.encoders import Encoders
 from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
+from jbkv_cli.pretrained import from_pretrained
 
 
 def glyph_tokens(glyph: Path) -> list[str]:
@@ -41,9 +42,9 @@ def glyph_tokens(glyph: Path) -> list[str]:
 def load_byt5(paths: WeightPaths, dtype: torch.dtype):
     from transformers import AutoTokenizer, T5Config, T5EncoderModel
 
-    tokenizer = AutoTokenizer.from_pretrained(str(paths.byt5), local_files_only=True)
+    tokenizer = from_pretrained(AutoTokenizer, paths.byt5, local_files_only=True)
     tokenizer.add_tokens(glyph_tokens(paths.glyph), special_tokens=True)
-    config = T5Config.from_pretrained(str(paths.byt5), local_files_only=True)
+    config = from_pretrained(T5Config, paths.byt5, local_files_only=True)
     model = T5EncoderModel(config)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     path = paths.glyph / "checkpoints" / "byt5_model.safetensors"
@@ -64,20 +65,24 @@ def load_encoders(paths: WeightPaths, home: str, device: str) -> Encoders:
     )
 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    full = Qwen2_5_VLModel.from_pretrained(
-        str(paths.qwen), torch_dtype=dtype, local_files_only=True, low_cpu_mem_usage=True
+    full = from_pretrained(
+        Qwen2_5_VLModel,
+        paths.qwen,
+        torch_dtype=dtype,
+        local_files_only=True,
+        low_cpu_mem_usage=True,
     )
     qwen = full.language_model
     del full
-    qwen_tok = AutoTokenizer.from_pretrained(
-        str(paths.qwen), padding_side="right", local_files_only=True
+    qwen_tok = from_pretrained(
+        AutoTokenizer, paths.qwen, padding_side="right", local_files_only=True
     )
     byt5_tok, byt5 = load_byt5(paths, dtype)
-    siglip = SiglipVisionModel.from_pretrained(
-        str(paths.siglip / "image_encoder"), torch_dtype=dtype, local_files_only=True
+    siglip = from_pretrained(
+        SiglipVisionModel, paths.siglip / "image_encoder", torch_dtype=dtype, local_files_only=True
     )
-    processor = SiglipImageProcessor.from_pretrained(
-        str(paths.siglip / "feature_extractor"), local_files_only=True
+    processor = from_pretrained(
+        SiglipImageProcessor, paths.siglip / "feature_extractor", local_files_only=True
     )
     for m in (qwen, byt5, siglip):
         m.requires_grad_(False).eval().to(home)

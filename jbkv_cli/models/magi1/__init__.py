@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.jsonio import read_json
 from jbkv_cli.models import limits
+from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.magi1.checkpoint import load_strict, locate, read_state_dict
 from jbkv_cli.models.magi1.config import DEFAULT_VARIANT, TINY_VARIANT, VARIANTS, VAEConfig
@@ -37,7 +39,7 @@ from jbkv_cli.models.magi1.schedule import required_window
 from jbkv_cli.models.magi1.text import SpecialTokens, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
 
-__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "input_files", "load_model"]
+__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "input_paths", "load_model"]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=(*VARIANTS, TINY_VARIANT.name)),
@@ -145,17 +147,16 @@ def check_options(**options: Any) -> None:
         locate(variant, opt.get("weights"))
 
 
-def input_files(**options: Any) -> dict[str, Any]:
-    """Role -> the weight files and folders these options read (none for the tiny config)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weight files and folders these options read (none for the tiny config);
+    a ``special_tokens`` option replaces the located file."""
     variant, _, opt = _resolved(options)
     if variant.name == TINY_VARIANT.name:
         return {}
-    from jbkv_cli.fingerprints import paths_of
-
-    files = paths_of(locate(variant, opt.get("weights")))
-    if opt.get("special_tokens") is not None:
-        files["special_tokens"] = opt["special_tokens"]
-    return files
+    found = located(locate(variant, opt.get("weights")))
+    if opt.get("special_tokens"):
+        found["special_tokens"] = Path(opt["special_tokens"])
+    return found
 
 
 def load_model(**options: Any) -> Magi1VideoModel:

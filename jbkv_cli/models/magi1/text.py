@@ -21,6 +21,7 @@ import torch
 
 from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.magi1.sampler import TextCondition
+from jbkv_cli.pretrained import from_pretrained
 
 NULL_TOKEN_LENGTH = 50
 MAX_DURATION_TOKENS = 8
@@ -115,15 +116,13 @@ def load_t5(path: str | Path, max_length: int, device: str | torch.device = "cpu
     if not (path / "config.json").is_file():
         raise WeightsNotFoundError(f"T5 encoder not found: expected {path / 'config.json'}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = from_pretrained(AutoTokenizer, path, local_files_only=True)
     except (ValueError, ImportError, OSError) as e:
         raise JbkvError(
             f"cannot load the T5 tokenizer from {path} ({e}); the sentencepiece model "
             "(spiece.model) needs the 'sentencepiece' package"
         ) from e
-    model = T5EncoderModel.from_pretrained(
-        str(path), torch_dtype=torch.float32, local_files_only=True
-    )
+    model = from_pretrained(T5EncoderModel, path, torch_dtype=torch.float32, local_files_only=True)
     return T5TextEncoder(tokenizer, model.to(device), max_length)
 
 

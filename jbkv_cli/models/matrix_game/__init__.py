@@ -27,6 +27,7 @@ error. The released files are found and read by :mod:`~jbkv_cli.models.matrix_ga
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,11 +36,12 @@ from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.models import limits
+from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
 from jbkv_cli.models.matrix_game.model import MatrixGame2, Settings, check_case
 
-__all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "input_files", "load_model"]
+__all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "input_paths", "load_model"]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
@@ -122,15 +124,14 @@ def check_options(**options: Any) -> None:
         locate(settings.config, opt.get("weights"))
 
 
-def input_files(**options: Any) -> dict[str, Any]:
+def input_paths(**options: Any) -> dict[str, Path]:
     """Role -> the weight files these options read (none for tiny-random)."""
     settings, _, opt = _resolved(options)
     if settings.config == "tiny-random":
         return {}
-    from jbkv_cli.fingerprints import paths_of
     from jbkv_cli.models.matrix_game.loaders import locate
 
-    return paths_of(locate(settings.config, opt.get("weights")))
+    return located(locate(settings.config, opt.get("weights")))
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

@@ -5,8 +5,8 @@ from jbkv_cli.models.rolling_forcing.model import (
     RollingForcing,
     check_cases,
     check_options,
-    input_files,
+    input_paths,
     load_model,
 )
 
-__all__ = ["RollingForcing", "check_cases", "check_options", "input_files", "load_model"]
+__all__ = ["RollingForcing", "check_cases", "check_options", "input_paths", "load_model"]

@@ -52,6 +52,7 @@ independent first frame; not wired here).
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -302,8 +303,8 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
-def input_files(**options: Any) -> dict[str, Any]:
-    """Role -> the weight files and folders these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the base's parts and the checkpoint these options read (none for tiny-random)."""
     _, _, paths = _resolved(options)
     return {} if paths is None else weight_files(paths)
 

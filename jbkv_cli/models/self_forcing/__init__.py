@@ -6,8 +6,8 @@ from jbkv_cli.models.self_forcing.model import (
     SelfForcing,
     check_cases,
     check_options,
-    input_files,
+    input_paths,
     load_model,
 )
 
-__all__ = ["SelfForcing", "check_cases", "check_options", "input_files", "load_model"]
+__all__ = ["SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

@@ -41,8 +41,8 @@ from jbkv_cli.models.diffusers_wan import (
     WEIGHTS,
     Required,
     cast_keeping_fp32,
-    first_line,
     hf_cache_snapshot,
+    load_parts,
     missing_parts,
     tiny_parts,
     transformer_config,
@@ -54,6 +54,7 @@ from jbkv_cli.models.self_forcing.checkpoint import (
     read_lora,
     to_diffusers,
 )
+from jbkv_cli.pretrained import from_pretrained
 
 ENV_VAR = "JBKV_SELF_FORCING_DIR"
 BASE_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
@@ -187,17 +188,17 @@ def _file(option: str | None, root: Path | None, repo_id: str, rel: str, missing
     return path
 
 
-def weight_files(paths: WeightPaths) -> dict[str, Path | None]:
+def weight_files(paths: WeightPaths) -> dict[str, Path]:
     """Role -> the files and folders :func:`load_components` reads (the base's transformer
-    config, not its weights: the generator holds those)."""
-    return {
+    config, not its weights: the generator holds those; a LoRA when there is one)."""
+    found = {
         "base/transformer/config.json": paths.base / "transformer" / "config.json",
         "base/vae": paths.base / "vae",
         "base/text_encoder": paths.base / "text_encoder",
         "base/tokenizer": paths.base / "tokenizer",
         "generator": paths.generator,
-        "lora": paths.lora,
     }
+    return found if paths.lora is None else found | {"lora": paths.lora}
 
 
 def locate(
@@ -280,28 +281,34 @@ def load_components(
         config, generator_state(paths, ema, lora_alpha), dtype, f"generator {paths.generator}"
     )
     offline = {"local_files_only": True}
-    loaders = {
-        "vae": lambda: diffusers.AutoencoderKLWan.from_pretrained(
-            paths.base, subfolder="vae", torch_dtype=torch.float32, **offline
+    loaders = {  # the tokenizer first: a folder asking to run its code is refused before weights
+        "tokenizer": lambda: from_pretrained(
+            transformers.AutoTokenizer, paths.base / "tokenizer", **offline
         ),
-        "text_encoder": lambda: transformers.UMT5EncoderModel.from_pretrained(
-            paths.base / "text_encoder", dtype=dtype, **offline
+        "vae": lambda: from_pretrained(
+            diffusers.AutoencoderKLWan,
+            paths.base,
+            subfolder="vae",
+            torch_dtype=torch.float32,
+            **offline,
         ),
-        "tokenizer": lambda: transformers.AutoTokenizer.from_pretrained(
-            paths.base / "tokenizer", **offline
+        "text_encoder": lambda: from_pretrained(
+            transformers.UMT5EncoderModel, paths.base / "text_encoder", dtype=dtype, **offline
         ),
     }
-    parts: dict[str, Any] = {}
-    for name, load in loaders.items():
-        try:
-            parts[name] = load()
-        except Exception as exc:  # any loader failure means a bad base directory
-            raise WeightsNotFoundError(
-                f"could not load the Wan base {name} from {paths.base / name}: {first_line(exc)}"
-            ) from exc
+    parts = load_parts(loaders, "Wan base", paths.base)
     for name in ("vae", "text_encoder"):
         parts[name].eval().requires_grad_(False)
     return Components(transformer=transformer, **parts, source=str(paths.generator))
+
+
+def save_base(components: Components, base: Path) -> None:
+    """Write ``components``' Wan base parts in the diffusers layout ``load_components`` reads
+    (the transformer's config only: its weights come from the generator; used by tests)."""
+    components.transformer.save_config(base / "transformer")
+    components.vae.save_pretrained(base / "vae")
+    components.text_encoder.save_pretrained(base / "text_encoder")
+    components.tokenizer.save_pretrained(base / "tokenizer")
 
 
 # --------------------------------------------------------------------------- tiny, in memory

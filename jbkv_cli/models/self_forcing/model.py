@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -570,8 +571,9 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
-def input_files(**options: Any) -> dict[str, Any]:
-    """Role -> the weight files and folders these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the base's parts and the checkpoint files these options read (none for
+    tiny-random)."""
     _, _, paths = _resolved(options)
     return {} if paths is None else weight_files(paths)
 

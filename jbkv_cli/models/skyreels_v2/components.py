@@ -25,13 +25,14 @@ import torch
 from jbkv_cli.errors import WeightsNotFoundError
 from jbkv_cli.models.diffusers_wan import (
     TINY_MAX_SEQUENCE_LENGTH,
-    first_line,
     hf_cache_snapshot,
+    load_parts,
     tiny_parts,
     transformer_config,
 )
 from jbkv_cli.models.diffusers_wan import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
 from jbkv_cli.models.diffusers_wan import missing_parts as shared_missing_parts
+from jbkv_cli.pretrained import from_pretrained
 
 DEFAULT_REPO_ID = "Skywork/SkyReels-V2-DF-1.3B-540P-Diffusers"
 ENV_VAR = "JBKV_SKYREELS_DIR"
@@ -122,31 +123,28 @@ def load_components(root: Path, dtype: torch.dtype) -> Components:
 
     check_weights_dir(root)
     offline = {"local_files_only": True}
-    loaders = {
-        "transformer": lambda: diffusers.SkyReelsV2Transformer3DModel.from_pretrained(
-            root, subfolder="transformer", torch_dtype=dtype, **offline
+    loaders = {  # the tokenizer first: a folder asking to run its code is refused before weights
+        "tokenizer": lambda: from_pretrained(
+            transformers.AutoTokenizer, root / "tokenizer", **offline
         ),
-        "vae": lambda: diffusers.AutoencoderKLWan.from_pretrained(
-            root, subfolder="vae", torch_dtype=torch.float32, **offline
+        "transformer": lambda: from_pretrained(
+            diffusers.SkyReelsV2Transformer3DModel,
+            root,
+            subfolder="transformer",
+            torch_dtype=dtype,
+            **offline,
         ),
-        "text_encoder": lambda: transformers.UMT5EncoderModel.from_pretrained(
-            root / "text_encoder", dtype=dtype, **offline
+        "vae": lambda: from_pretrained(
+            diffusers.AutoencoderKLWan, root, subfolder="vae", torch_dtype=torch.float32, **offline
         ),
-        "tokenizer": lambda: transformers.AutoTokenizer.from_pretrained(
-            root / "tokenizer", **offline
+        "text_encoder": lambda: from_pretrained(
+            transformers.UMT5EncoderModel, root / "text_encoder", dtype=dtype, **offline
         ),
-        "scheduler": lambda: diffusers.UniPCMultistepScheduler.from_pretrained(
-            root, subfolder="scheduler", **offline
+        "scheduler": lambda: from_pretrained(
+            diffusers.UniPCMultistepScheduler, root, subfolder="scheduler", **offline
         ),
     }
-    parts: dict[str, Any] = {}
-    for name, load in loaders.items():
-        try:
-            parts[name] = load()
-        except Exception as exc:  # any loader failure means a bad weights directory
-            raise WeightsNotFoundError(
-                f"could not load the SkyReels-V2 {name} from {root / name}: {first_line(exc)}"
-            ) from exc
+    parts = load_parts(loaders, "SkyReels-V2", root)
     for part in ("transformer", "vae", "text_encoder"):
         parts[part].eval().requires_grad_(False)
     return Components(**parts, source=str(root))

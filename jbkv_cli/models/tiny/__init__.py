@@ -135,8 +135,8 @@ def check_options(**options: Any) -> dict[str, Any]:
     return opts
 
 
-def input_files(**options: Any) -> dict[str, Path]:
-    """The weights file these options read (:mod:`jbkv_cli.fingerprints`)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weights file these options read."""
     return {"weights": weights_file(check_options(**options).get("weights"))}
 
 
@@ -146,4 +146,4 @@ def load_model(**options: Any) -> TinyVideoModel:
     return TinyVideoModel(**check_options(**options))
 
 
-__all__ = ["TinyVideoModel", "check_options", "check_prompt", "input_files", "load_model"]
+__all__ = ["TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]
