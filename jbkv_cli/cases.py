@@ -47,13 +47,16 @@ class Case:
     """One video's inputs. ``image``: a path; ``trajectory``: a pose string or the path of a
     pose JSON (a string ending in ``.json``, upstream's rule); ``id``: the name of its videos
     (None: the prompt). ``plan``: what a model computed once for this case and the run keeps
-    (HY-WorldPlay's memory index lists), not part of the case's identity."""
+    (HY-WorldPlay's memory index lists); ``sha256``: the digests of its files
+    (:func:`jbkv_cli.fingerprints.case_digests`), which the run keeps to refuse a resume from
+    changed files. Neither is part of the case's identity."""
 
     prompt: str
     image: str | None = None
     trajectory: str | None = None
     id: str | None = None
     plan: Any = field(default=None, compare=False, repr=False)
+    sha256: Mapping[str, str] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, prompt: Case | str) -> Case:
@@ -81,13 +84,14 @@ class Case:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Case:
-        """Inverse of :meth:`to_dict` (a ``plan`` key is kept as the plan)."""
+        """Inverse of :meth:`to_dict` (``plan`` and ``sha256`` keys are kept as such)."""
         return cls(
             data["prompt"],
             data.get("image"),
             data.get("trajectory"),
             data.get("id"),
             plan=data.get("plan"),
+            sha256=data.get("sha256"),
         )
 
 

@@ -26,6 +26,7 @@ from jbkv_cli.bit_specs import BitPair
 from jbkv_cli.cases import Case
 from jbkv_cli.console import err, visible
 from jbkv_cli.errors import JbkvError
+from jbkv_cli.fingerprints import Fingerprint, expand, fingerprint
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metric_shards import merge_shards, save_scores
 from jbkv_cli.metrics.chunks import chunk_frames_of, first_chunk_frames_of
@@ -34,7 +35,7 @@ from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.base import CasePlanner, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
-from jbkv_cli.runs import RunDir, check_prompt, video_name
+from jbkv_cli.runs import RunDir, check_inputs, check_prompt, video_name
 
 HISTOGRAM_SAMPLES = 2000
 ABLATIONS: dict[str, dict[str, bool]] = {
@@ -108,13 +109,34 @@ def _progress(enabled: bool) -> Iterator[Progress | None]:
         yield progress
 
 
-def open_run(root: Path, model: str, settings: dict[str, Any]) -> RunDir:
+def open_run(
+    root: Path, model: str, settings: dict[str, Any], inputs: Fingerprint | None = None
+) -> RunDir:
     """:meth:`RunDir.create_or_resume` on rank 0, the only writer of the manifest; the other
-    ranks of a torchrun job wait for it and take its manifest (one process: just that call)."""
+    ranks of a torchrun job wait for it and take its manifest (one process: just that call).
+    ``inputs``: the model's files (:func:`fingerprint_inputs`)."""
     manifest = distributed.from_rank0(
-        lambda: RunDir.create_or_resume(root, model, settings).manifest, "opening the run"
+        lambda: RunDir.create_or_resume(root, model, settings, inputs).manifest, "opening the run"
     )
     return RunDir(Path(root), manifest)
+
+
+def fingerprint_inputs(
+    root: Path, model: str, options: dict[str, Any], cases: Iterable[Case]
+) -> Fingerprint:
+    """The SHA-256 of every file ``model`` reads with ``options`` (its weights, by role:
+    :func:`~jbkv_cli.models.registry.input_paths`), and a run of it at ``root`` checked against
+    them and against the files of ``cases`` (their ``sha256``): a run made from other files is
+    refused here, naming the file, before the model loads and before anything is created
+    (:func:`~jbkv_cli.runs.check_inputs`). Rank 0 reads the files; every rank gets the result."""
+    from jbkv_cli.models.registry import input_paths
+
+    def plan() -> Fingerprint:
+        inputs = fingerprint(expand(input_paths(model, **options)))
+        check_inputs(root, model, inputs, cases)
+        return inputs
+
+    return distributed.from_rank0(plan, "fingerprinting the inputs")
 
 
 Job = tuple[KVSpec, str, Case, int]  # (spec, variant id, case, seed)
@@ -262,6 +284,7 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
         if progress is not None:
             progress.update(task, completed=done, total=total)
 
+    run.check_case_files(case)  # its files may have been replaced since the run began
     rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
@@ -292,7 +315,7 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
         "cuda_memory": peak or None,
     }
     if not case.prompt_only:
-        record["case"] = case.to_dict()
+        record["case"] = case.to_dict() | ({"sha256": case.sha256} if case.sha256 else {})
     if rec is not None:
         record["diagnostics"] = rec.summary()
         dps = rec.delta_ps()

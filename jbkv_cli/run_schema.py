@@ -67,7 +67,24 @@ def manifest_problem(data: Any) -> str | None:
     for key, items in (("prompts", prompts), ("seeds", seeds)):
         if len(set(items)) != len(items):
             return f"{key!r} lists an entry twice"
-    return _cases_problem(data.get("cases", {}), set(prompts))
+    return _cases_problem(data.get("cases", {}), set(prompts)) or _inputs_problem(
+        data.get("inputs", {})
+    )
+
+
+def _sha256(x: Any) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+def _inputs_problem(inputs: Any) -> str | None:
+    """``inputs`` (optional): file key -> ``{"path", "sha256"}`` (:mod:`jbkv_cli.fingerprints`)."""
+    if not isinstance(inputs, dict):
+        return _bad("inputs", "an object", inputs)
+    for key, entry in inputs.items():
+        ok = isinstance(entry, dict) and isinstance(entry.get("path"), str)
+        if not (ok and _sha256(entry.get("sha256"))):
+            return _bad(f"inputs.{key}", "an object with a 'path' and a 'sha256'", entry)
+    return None
 
 
 def _cases_problem(cases: Any, prompts: set[str]) -> str | None:
@@ -82,6 +99,9 @@ def _cases_problem(cases: Any, prompts: set[str]) -> str | None:
         for key in ("image", "trajectory", "id"):
             if not isinstance(case.get(key), str | None):
                 return _bad(f"cases.{name}.{key}", "a string or null", case.get(key))
+        digests = case.get("sha256", {})
+        if not (isinstance(digests, dict) and all(map(_sha256, digests.values()))):
+            return _bad(f"cases.{name}.sha256", "an object of SHA-256 digests", digests)
     return None
 
 

@@ -4,7 +4,9 @@ Layout (design.md §5)::
 
     RUN/manifest.json                       model, settings, prompts, seeds, versions, hardware
                                             (and ``cases``: the inputs of every case that is
-                                            more than a prompt, by name, with its plan)
+                                            more than a prompt, by name, with its plan and the
+                                            SHA-256 of its files; ``inputs``: the model's files
+                                            and their SHA-256, :mod:`jbkv_cli.fingerprints`)
     RUN/videos/<variant>/variant.json       the KVSpec of that variant
     RUN/videos/<variant>/<prompt>-<i>.mkv   lossless copy (bit-exact uint8 frames)
     RUN/videos/<variant>/<prompt>-<i>.mp4   H.264 for people and VBench ({prompt}-{index} naming)
@@ -15,7 +17,8 @@ Layout (design.md §5)::
 
 Every file is written atomically (temp file + rename). A video counts as finished only when its
 record exists, is a valid record and its files are present, so an interrupted run resumes where
-it stopped, and a directory made with other settings is refused instead of being overwritten.
+it stopped, and a directory made with other settings, or from files that have changed since,
+is refused instead of being overwritten or mixed (:func:`check_inputs`).
 
 Damaged files (checked by :mod:`jbkv_cli.run_schema` as they are read): a damaged manifest or
 ``variant.json`` stops the command with one line naming the file and the field; a damaged video
@@ -34,6 +37,8 @@ import json
 import platform
 import subprocess
 import unicodedata
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,7 @@ from jbkv_cli.atomic import (
 from jbkv_cli.cases import Case
 from jbkv_cli.console import warn
 from jbkv_cli.errors import JbkvError, UsageError, shown
+from jbkv_cli.fingerprints import Fingerprint, case_change, case_digests, change
 from jbkv_cli.jsonio import read_json
 from jbkv_cli.kvcache.spec import LEGACY_REFERENCE_ID, REFERENCE_ID, KVSpec
 from jbkv_cli.locks import locked
@@ -199,8 +205,16 @@ class RunDir:
         return cls(Path(root), parse_manifest(_read_json(path), path))
 
     @classmethod
-    def create_or_resume(cls, root: Path, model: str, settings: dict[str, Any]) -> RunDir:
-        """Start a run in ``root``, or resume it if it was made by the same model and settings.
+    def create_or_resume(
+        cls,
+        root: Path,
+        model: str,
+        settings: dict[str, Any],
+        inputs: Fingerprint | None = None,
+    ) -> RunDir:
+        """Start a run in ``root``, or resume it if it was made by the same model and settings
+        from the same files (``inputs``: the model's, :mod:`jbkv_cli.fingerprints`; a run that
+        kept none gets them now).
 
         Checked again under the manifest's lock, so of two commands starting at once on a new
         folder one creates the manifest and the other resumes it (or is refused, for other
@@ -208,16 +222,19 @@ class RunDir:
         :func:`~jbkv_cli.atomic.remove_stale_temps`).
         """
         root = Path(root)
-        check_run_dir(root, model, settings)
+        check_run_dir(root, model, settings, inputs)
         path = root / MANIFEST
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise JbkvError(f"cannot create --out {root}: {exc.strerror or exc}") from exc
         with _manifest_lock(root):
-            check_run_dir(root, model, settings)
+            check_run_dir(root, model, settings, inputs)
             if path.exists():
                 manifest = parse_manifest(_read_json(path), path)
+                if inputs is not None and "inputs" not in manifest:
+                    manifest["inputs"] = inputs
+                    _write_json(path, manifest)
                 remove_stale_temps(root)
                 return cls(root, manifest)
             manifest = {
@@ -229,6 +246,8 @@ class RunDir:
                 "seeds": [],
                 "prompts": [],
             }
+            if inputs is not None:
+                manifest["inputs"] = inputs
             _write_json(path, manifest)
         return cls(root, manifest)
 
@@ -267,6 +286,15 @@ class RunDir:
         keeps no inputs for it."""
         data = self.manifest.get("cases", {}).get(name)
         return Case(name) if data is None else Case.from_dict(data)
+
+    def check_case_files(self, case: Case) -> None:
+        """Refuse (exit 1, naming the file) when a file of ``case`` (a case read back from the
+        manifest, with the digests the run kept) is no longer the one the run was made from."""
+        if case.sha256:
+            now = replace(case, sha256=case_digests(case))
+            _refuse_changed_files(
+                self.root, [now], {case.name: {**case.to_dict(), "sha256": case.sha256}}
+            )
 
     def index_of(self, seed: int) -> int:
         """The position of ``seed`` in the manifest (it names the seed's videos)."""
@@ -495,8 +523,9 @@ def _register_cases(manifest: dict[str, Any], cases: list[Case], root: Path) -> 
             if case.prompt_only:
                 continue
             entry = case.to_dict()
-            if case.plan is not None:
-                entry["plan"] = case.plan
+            for key, value in (("plan", case.plan), ("sha256", case.sha256)):
+                if value is not None:
+                    entry[key] = value
             known[case.name] = entry
             manifest["cases"] = known
             changed = True
@@ -507,10 +536,51 @@ def _register_cases(manifest: dict[str, Any], cases: list[Case], root: Path) -> 
                 f"{root} holds case {shown(case.name)} made from other inputs "
                 f"({_case_difference(old, case)}); give this case another id or use another --out"
             )
-        if stored is not None and "plan" not in stored and case.plan is not None:
-            stored["plan"] = case.plan
-            changed = True
+        _refuse_changed_files(root, [case], {case.name: stored} if stored else {})
+        for key, value in (("plan", case.plan), ("sha256", case.sha256)):
+            if stored is not None and key not in stored and value is not None:
+                stored[key] = value  # kept from now on (a run of an older version had none)
+                changed = True
     return changed
+
+
+def _refuse_changed_files(
+    root: Path,
+    cases: Iterable[Case],
+    known: dict[str, Any],
+    recorded: Fingerprint | None = None,
+    inputs: Fingerprint | None = None,
+) -> None:
+    """A :class:`JbkvError` naming the first file that differs from what the run at ``root``
+    recorded: the model's (``recorded`` vs ``inputs``) or a case's (its entry in ``known``)."""
+    problem = change(recorded, inputs) if recorded is not None and inputs is not None else None
+    for case in cases:
+        stored = known.get(case.name)
+        if problem is not None or not stored or Case.from_dict(stored) != case:
+            continue
+        if isinstance(stored.get("sha256"), dict) and case.sha256 is not None:
+            problem = case_change(case, stored["sha256"], case.sha256)
+    if problem is not None:
+        raise JbkvError(
+            f"{problem}: resuming {root} would mix results of both; restore the file or use "
+            "another --out"
+        )
+
+
+def check_inputs(
+    root: Path, model: str, inputs: Fingerprint | None, cases: Iterable[Case] = ()
+) -> None:
+    """Refuse (exit 1, naming the file) when ``root`` holds a run of ``model`` made from other
+    files than ``inputs`` (the model's fingerprint) or the files of ``cases`` (their
+    ``sha256``). Creates nothing; no run there, or another model's, passes (what else is
+    wrong with it :func:`check_run_dir` says)."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        return
+    manifest = parse_manifest(_read_json(path), path)
+    if manifest["model"] == model:
+        known = manifest.get("cases", {})
+        _refuse_changed_files(Path(root), cases, known, manifest.get("inputs"), inputs)
 
 
 def _case_difference(old: Case, new: Case) -> str:
@@ -538,8 +608,11 @@ def _is_ours(path: Path) -> bool:
     return path.name == MANIFEST_LOCK or path.name.startswith(".jbkv-probe-") or is_temp(path)
 
 
-def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
-    """Raise unless ``root`` can hold (or already holds) a run of ``model`` with ``settings``.
+def check_run_dir(
+    root: Path, model: str, settings: dict[str, Any], inputs: Fingerprint | None = None
+) -> None:
+    """Raise unless ``root`` can hold (or already holds) a run of ``model`` with ``settings``
+    made from the files ``inputs`` fingerprints (:func:`check_inputs`).
 
     Creates nothing: commands call it before their long work, and a refused command leaves no
     folder behind.
@@ -559,6 +632,7 @@ def check_run_dir(root: Path, model: str, settings: dict[str, Any]) -> None:
                 f"{root} was made with different settings ({diff}); "
                 "use another --out directory to keep both"
             )
+        _refuse_changed_files(root, (), {}, manifest.get("inputs"), inputs)
     elif any(not _is_ours(p) for p in entries):
         raise UsageError(f"--out {root} is not empty and is not a jbkv run directory")
     check_writable_dir(root, "--out")

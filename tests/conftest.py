@@ -130,3 +130,12 @@ def tiny_run(tmp_path_factory) -> Path:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out / "tiny"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _digest_cache_in_a_temp_folder(tmp_path_factory):
+    """jbkv's digest cache (``jbkv_cli/fingerprints.py``) in a temp folder for this process
+    and every ``jbkv`` it starts: the suite never writes the user's ``~/.cache/jbkv``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JBKV_CACHE_DIR", str(tmp_path_factory.mktemp("jbkv-cache")))
+        yield

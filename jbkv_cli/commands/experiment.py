@@ -26,7 +26,13 @@ from jbkv_cli.commands.variants import CacheFlags, SweepFlags, profile_paths
 from jbkv_cli.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.console import err, out, plain, warn
 from jbkv_cli.errors import UsageError, shown
-from jbkv_cli.experiment import Scoring, generate_all, open_run, score_fidelity
+from jbkv_cli.experiment import (
+    Scoring,
+    fingerprint_inputs,
+    generate_all,
+    open_run,
+    score_fidelity,
+)
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
@@ -162,13 +168,15 @@ def generate(
     opts = flags.options(model)
     items = inputs.items(model, opts)
     distributed.setup(flags.device)
+    root = out_dir or Path("runs") / model
+    files = fingerprint_inputs(root, model, opts, [c for c, _ in items])
     m = load(model, opts)
     spec = resolve_spec(m, spec)
     _check_specs(m, [spec])
     problem = _prune_problem(m, spec)
     if problem:
         raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
-    run = open_run(out_dir or Path("runs") / model, model, m.settings)
+    run = open_run(root, model, m.settings, files)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
     _summary_line(summary, run)
@@ -225,6 +233,10 @@ def quantize_eval(
             json_path, "--json", runs=[out_dir / name for name in names], inputs=reads
         )
     distributed.setup(flags.device)
+    files = {  # and every model's files, against its run folder
+        name: fingerprint_inputs(out_dir / name, name, model_opts[name], [c for c, _ in items])
+        for name, items in work.items()
+    }
     results, shows = [], []
     for name, items in work.items():
         m = load(name, model_opts[name])
@@ -233,7 +245,7 @@ def quantize_eval(
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         root = out_dir / name
-        run = open_run(root, name, m.settings)
+        run = open_run(root, name, m.settings, files[name])
         scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
         summary = generate_all(m, run, model_specs, items, scoring=scoring)
         shows.append(partial(_summary_line, summary, run))

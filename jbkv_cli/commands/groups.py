@@ -50,6 +50,7 @@ from jbkv_cli.commands.options import (
     with_image,
 )
 from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.fingerprints import case_files, with_digests
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import (
     MODELS,
@@ -210,7 +211,8 @@ class Inputs(Prompts):
         """(case, seeds) pairs from ``--cases`` or the prompts, every case's name checked for
         file names and every case checked by the model with its ``options`` (an image or a
         trajectory for a text-only model, a trajectory of the wrong length, …), before anything
-        is created."""
+        is created; each case carries the digests of its files (a run refuses a resume from
+        changed ones: :mod:`jbkv_cli.fingerprints`)."""
         if self.cases is None:
             items = [(Case(p), s) for p, s in self.prompt_items(model)]
         else:
@@ -221,24 +223,20 @@ class Inputs(Prompts):
         items = with_image(items, self.image, self.cases)
         with model_errors(model):
             check_cases(model, [c for c, _ in items], **options)
-        return items
+        return [(with_digests(c), s) for c, s in items]
 
     def paths(self, model: str, items: list[tuple[Case, list[int]]]) -> list[Path]:
         """The files these inputs read: the prompt file (none for ``--prompt`` alone or a
         VBench set, which is package data) or the case file, and every case's image
-        (``--image`` too) and pose JSON file."""
+        (``--image`` too) and pose or actions JSON file
+        (:func:`~jbkv_cli.fingerprints.case_files`)."""
         if self.cases is not None:
             found = [self.cases]
         elif self.prompts in VBENCH_SETS:
             found = []
         else:
             found = [p for p in [prompt_file(self.prompts, self.prompt, model)] if p is not None]
-        for case, _ in items:
-            pose = (
-                case.trajectory if case.trajectory and case.trajectory.endswith(".json") else None
-            )
-            found += [Path(p) for p in (case.image, pose) if p is not None]
-        return found
+        return found + [p for case, _ in items for p in case_files(case).values()]
 
 
 def check_model(name: str) -> None:
@@ -266,9 +264,10 @@ def load(name: str, options: dict[str, Any]) -> VideoModel:
 
 
 def model_paths(name: str, options: dict[str, Any]) -> list[Path]:
-    """The weight files and folders :func:`load` would read (located, not read)."""
+    """The weight files and folders :func:`load` would read (located, not read: the values of
+    :func:`~jbkv_cli.models.registry.input_paths`)."""
     with model_errors(name):
-        return input_paths(name, **options)
+        return list(input_paths(name, **options).values())
 
 
 def check_load(name: str, options: dict[str, Any]) -> None:

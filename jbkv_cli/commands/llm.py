@@ -9,6 +9,7 @@ creates anything, runs, writes the report and prints it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -68,21 +69,63 @@ def _specs(bits: str, quantizers: str, corrections: str, groups: str, options) -
     return specs
 
 
+def _model_inputs(root: Path, model_id: str, where: str) -> dict[str, Any]:
+    """The model folder's files by content; a run at ``root`` made from other files is refused
+    here, naming the file, before the model loads (:func:`jbkv_cli.runs.check_inputs`)."""
+    from jbkv_cli.fingerprints import fingerprint
+    from jbkv_cli.llm.models import folder_files
+    from jbkv_cli.runs import check_inputs
+
+    inputs = fingerprint(folder_files(where))
+    check_inputs(root, model_id, inputs)
+    return inputs
+
+
 def _check_fit(lm, specs: list[KVSpec], bins, chunks) -> None:
-    """Every method stores this model's heads; the longest job fits its positions."""
+    """Every method stores this model's heads; the longest job fits its positions and its
+    sliding window (jbkv attention has none); its config holds finite numbers only. Checked
+    before anything is created."""
+    from jbkv_cli.llm.hosting import sliding_windows
+
     for spec in specs:
         for method in {spec.key, spec.value} - {None}:
             try:
                 method.check(lm.head_dim)
             except ValueError as exc:
                 raise UsageError(f"{method.label} on {lm.name}: {exc}") from None
-    longest = max(b.hi for b in bins) - 1 + max(chunks) + 1
-    if lm.max_positions is not None and longest > lm.max_positions:
+    widest = max(bins, key=lambda b: b.hi)
+    keys = widest.hi - 1 + max(chunks)  # the longest prefix and its chunk, read at once
+    if lm.max_positions is not None and keys + 1 > lm.max_positions:
         raise UsageError(
-            f"the longest job needs {longest} positions (bin {bins[-1].name} + chunk "
+            f"the longest job needs {keys + 1} positions (bin {widest.name} + chunk "
             f"{max(chunks)} + 1) but {lm.name} has {lm.max_positions}; use smaller --bins or "
             "--chunk-sizes"
         )
+    bad = _non_finite(lm.model.config.to_dict())
+    if bad is not None:
+        raise JbkvError(
+            f"--model {shown(lm.name)}: its config sets {bad[0]} to {bad[1]}, not a finite number"
+        )
+    windows = sliding_windows(lm.model)
+    if windows and keys > min(windows):
+        raise UsageError(
+            f"{lm.name} attends within a sliding window of {min(windows)} tokens but the "
+            f"longest job reads {keys} keys (bin {widest.name} + chunk {max(chunks)}), and jbkv "
+            "attention has no sliding window; use smaller --bins or --chunk-sizes"
+        )
+
+
+def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (dotted key, value) of a config's ``to_dict()`` that is a NaN or an infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    if not isinstance(value, dict | list | tuple):
+        return None
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+        found = _non_finite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def llm_prefill(
@@ -177,6 +220,9 @@ def llm_prefill(
         reads = [p for p in [data_file(data), *model_files(model)] if p is not None]
         check_output_file(json_path, "--json", runs=[root], inputs=reads)
     distributed.setup(dev)
+    inputs = distributed.from_rank0(
+        lambda: _model_inputs(root, model_id, where), "fingerprinting the model"
+    )
     lm = load_lm(model, dtype_name, dev)
     _check_fit(lm, specs, bin_list, chunk_list)
     settings: dict[str, Any] = {
@@ -190,7 +236,7 @@ def llm_prefill(
         "seed": seed,
         "dtype": dtype_name,
     }
-    check_run_dir(root, model_id, settings)  # creates nothing; refuses other settings
+    check_run_dir(root, model_id, settings, inputs)  # creates nothing; refuses other settings
     plan = distributed.from_rank0(
         lambda: select_examples(source, lm.tokenize, bin_list, chunk_list, examples, seed),
         "choosing the examples",
@@ -205,7 +251,7 @@ def llm_prefill(
     from jbkv_cli.llm.evaluate import run_jobs
     from jbkv_cli.llm.run import LlmRun
 
-    run = LlmRun(open_run(root, model_id, settings))
+    run = LlmRun(open_run(root, model_id, settings, inputs))
     if short:
         warn(
             f"{len(short)} (chunk, bin) cell(s) have fewer than {examples} long-enough examples "

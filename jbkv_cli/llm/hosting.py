@@ -46,6 +46,9 @@ ATTENTION = "jbkv"
 _PENDING: contextvars.ContextVar[JbkvLayer | None] = contextvars.ContextVar(
     "jbkv_pending_layer", default=None
 )
+_WINDOWS: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
+    "jbkv_sliding_windows", default=None
+)
 
 
 @dataclass
@@ -226,6 +229,9 @@ def _refuse_unsupported(query: torch.Tensor, key: torch.Tensor, mask, kwargs) ->
     if mask is not None:
         raise ValueError("jbkv attention takes unpadded rows only (got an attention mask)")
     window = kwargs.get("sliding_window")
+    seen = _WINDOWS.get()
+    if seen is not None and window is not None:
+        seen.add(int(window))
     if window is not None and key.shape[-2] > int(window):
         raise ValueError(
             f"sliding-window attention (window {window}) over {key.shape[-2]} keys is not "
@@ -260,6 +266,23 @@ def jbkv_attention(
         k, v = key[..., max(lc, 0) :, :], value[..., max(lc, 0) :, :]
         out = attend(query, k, v, prefix, scale=scale, correction="none", causal=True)
     return out.transpose(1, 2).contiguous(), None
+
+
+@torch.no_grad()
+def sliding_windows(model: PreTrainedModel) -> set[int]:
+    """The sliding windows ``model``'s layers hand to attention (empty: none), as one forward
+    of one token through jbkv attention finds them: what each model does with its config's
+    ``sliding_window``, ``use_sliding_window`` and ``layer_types`` is its own, so it is
+    observed rather than read. Call it on a hosted model (:func:`host`); jbkv attention refuses
+    more keys than the smallest window holds."""
+    seen: set[int] = set()
+    token = _WINDOWS.set(seen)
+    try:
+        ids = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+        model.get_decoder()(input_ids=ids, use_cache=False)
+    finally:
+        _WINDOWS.reset(token)
+    return seen
 
 
 def register() -> None:

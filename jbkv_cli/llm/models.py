@@ -97,7 +97,8 @@ def model_path(name: str) -> tuple[str, bool]:
 
 def model_files(name: str) -> list[Path]:
     """What ``--model`` reads: its folder (the embedded LM's for ``tiny``), or a hub id's
-    folder in the Hugging Face cache when it is there."""
+    folder in the Hugging Face cache when it is there (what an output may not overwrite; the
+    files of a folder, by content: :func:`folder_files`)."""
     where, _ = model_path(name)
     if Path(where).is_dir():
         return [Path(where)]
@@ -105,6 +106,24 @@ def model_files(name: str) -> list[Path]:
 
     cached = Path(constants.HF_HUB_CACHE) / ("models--" + where.replace("/", "--"))
     return [cached] if cached.is_dir() else []
+
+
+MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tiktoken")
+
+
+def folder_files(where: str) -> dict[str, Path]:
+    """Name -> file of what loading the model folder ``where`` (:func:`model_files`) may read:
+    its top-level files ending in :data:`MODEL_FILE_SUFFIXES` (config, weights, tokenizer),
+    which the run fingerprints by content (:mod:`jbkv_cli.fingerprints`); none for a hub id,
+    whose commit in the run's settings names its content."""
+    path = Path(where)
+    if not path.is_dir():
+        return {}
+    return {
+        f.name: f
+        for f in sorted(path.iterdir())
+        if f.suffix in MODEL_FILE_SUFFIXES and not f.name.startswith(".") and f.is_file()
+    }
 
 
 GENERIC_TOKENIZERS = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -131,7 +150,9 @@ def load_tokenizer(where: str) -> Any:
 
 def _fingerprint(where: str, embedded: bool, model: Any) -> str:
     """What identifies the weights in the run's settings: a hash of the config and the weight
-    files' names and sizes (a folder), or the hub commit."""
+    files' names and sizes (a folder), or the hub commit. Kept as runs of earlier versions
+    recorded it; the weights' content is checked by the run's ``inputs``
+    (:func:`folder_files`)."""
     path = Path(where)
     if not path.is_dir():
         commit = getattr(model.config, "_commit_hash", None)

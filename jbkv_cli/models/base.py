@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,7 +122,7 @@ def resolve_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     return list(dict.fromkeys(resolve_spec(model, s) for s in specs))
 
 
-def located(paths: Any) -> list[Path]:
-    """The paths a located-weights dataclass holds, those set (what a model module's
-    ``input_paths`` returns: :func:`jbkv_cli.models.registry.input_paths`)."""
-    return [Path(p) for p in astuple(paths) if p is not None]
+def located(paths: Any) -> dict[str, Path]:
+    """Field name -> path of a located-weights dataclass (``WeightPaths``), those set: the
+    roles a model module's ``input_paths`` returns (:func:`jbkv_cli.models.registry.input_paths`)."""
+    return {f.name: Path(p) for f in fields(paths) if (p := getattr(paths, f.name)) is not None}

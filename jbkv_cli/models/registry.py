@@ -7,10 +7,12 @@ prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raise
 prompt before anything is created. A model that reads more than a prompt (an image, a camera
 trajectory: :class:`~jbkv_cli.cases.Case`) provides ``check_cases(cases, **options)``, which
 refuses a case it cannot generate with those options; every other model takes prompt-only
-cases (:func:`check_cases`). A model that reads files (weights) provides
-``input_paths(**options)``: the files and folders ``load_model`` would read, located as it
-locates them (``--weights``, an environment variable, the Hugging Face cache) without reading
-them; commands refuse an output path onto any of them (:mod:`jbkv_cli.outputs`).
+cases (:func:`check_cases`). A model that reads files (weights, configs, a pose file option)
+provides ``input_paths(**options)``: role -> each file or folder ``load_model`` would read,
+located as it locates them (``--weights``, an environment variable, the Hugging Face cache)
+without reading them. The one list of what a model reads: commands refuse an output path onto
+any of them (:mod:`jbkv_cli.outputs`), and a run fingerprints them by role
+(:mod:`jbkv_cli.fingerprints`) to refuse a resume from changed files.
 """
 
 from __future__ import annotations
@@ -81,8 +83,8 @@ def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
     check_prompts(name, [text_case(c, name).prompt for c in cases])
 
 
-def input_paths(name: str, **options: Any) -> list[Path]:
-    """The weight files and folders model ``name`` reads with ``options`` (its module's
+def input_paths(name: str, **options: Any) -> dict[str, Path]:
+    """Role -> the file or folder model ``name`` reads with ``options`` (its module's
     ``input_paths``; none for a model that reads no file, such as a tiny-random config)."""
     paths = getattr(_module(name)[0], "input_paths", None)
-    return [] if paths is None else list(paths(**options))
+    return {} if paths is None else {role: Path(p) for role, p in paths(**options).items()}

@@ -1,7 +1,9 @@
-"""Every model's ``input_paths`` names the weight files and folders its ``load_model`` reads,
-located the same way: ``--weights``, the model's environment variable, or the Hugging Face
-cache. Commands refuse an output onto any of them (``tests/test_output_paths.py``). The layouts
-here are empty files: locating reads none of them."""
+"""Every model's ``input_paths`` names, by role, the weight files and folders its
+``load_model`` reads, located the same way: ``--weights``, the model's environment variable, or
+the Hugging Face cache. Commands refuse an output onto any of them
+(``tests/test_output_paths.py``) and a run fingerprints them by role
+(``tests/test_changed_inputs.py``). The layouts here are empty files: locating reads none of
+them."""
 
 from __future__ import annotations
 
@@ -39,14 +41,14 @@ def test_tiny_random_configs_read_no_weights_but_the_tiny_models(name):
     if name == "tiny":
         from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS
 
-        assert found == [DEFAULT_WEIGHTS]
+        assert found == {"weights": DEFAULT_WEIGHTS}
     else:
-        assert found == []
+        assert found == {}
 
 
 def test_tiny_weights_option(tmp_path):
     weights = _touch(tmp_path / "w.safetensors")
-    assert registry.input_paths("tiny", weights=str(weights)) == [weights]
+    assert registry.input_paths("tiny", weights=str(weights)) == {"weights": weights}
 
 
 def test_magi1_from_the_hf_cache_and_its_special_tokens(tmp_path, monkeypatch):
@@ -60,17 +62,19 @@ def test_magi1_from_the_hf_cache_and_its_special_tokens(tmp_path, monkeypatch):
         _touch(snap / "ckpt/vae" / f)
     special = _touch(snap / "special_tokens.npz")
     found = registry.input_paths("magi1", config="4.5B_base")
-    assert dit in found and special in found and len(found) == 4
-    assert any(p.name.startswith("t5") for p in found) and snap / "ckpt/vae" in found
+    assert list(found) == ["dit", "t5", "vae", "special_tokens"]
+    assert found["dit"] == dit and found["special_tokens"] == special
+    assert found["t5"].name.startswith("t5") and found["vae"] == snap / "ckpt/vae"
     own = _touch(tmp_path / "mine.npz")
-    assert registry.input_paths("magi1", config="4.5B_base", special_tokens=str(own))[-1] == own
+    mine = registry.input_paths("magi1", config="4.5B_base", special_tokens=str(own))
+    assert mine == found | {"special_tokens": own}  # the option's file, not the located one
 
 
 def test_skyreels_from_its_environment_variable(tmp_path, monkeypatch):
     from jbkv_cli.models.skyreels_v2 import components as sky
 
     monkeypatch.setenv(sky.ENV_VAR, str(tmp_path))
-    assert registry.input_paths("skyreels-v2") == [tmp_path]
+    assert registry.input_paths("skyreels-v2") == {"weights": tmp_path}
 
 
 @pytest.mark.parametrize("name", ["self-forcing", "rolling-forcing"])
@@ -86,7 +90,13 @@ def test_self_forcing_family_base_and_generator(tmp_path, monkeypatch, name, how
     if how == "env":
         monkeypatch.setenv(comp.ENV_VAR, str(tmp_path))
         options = {}
-    assert registry.input_paths(name, **options) == [base, checkpoint]
+    assert registry.input_paths(name, **options) == {  # the base's parts, not its transformer
+        "base/transformer/config.json": base / "transformer" / "config.json",
+        "base/vae": base / "vae",
+        "base/text_encoder": base / "text_encoder",
+        "base/tokenizer": base / "tokenizer",
+        "generator": checkpoint,
+    }
 
 
 def test_hy_worldplay_weights_and_pose_file(tmp_path):
@@ -96,9 +106,11 @@ def test_hy_worldplay_weights_and_pose_file(tmp_path):
     pose = _touch(tmp_path / "poses.json")
     found = registry.input_paths("hy-worldplay", weights=str(root), pose=str(pose))
     p = checkpoint.locate(root)
-    assert found == [p.dit, p.dit_config, p.vae, p.qwen, p.byt5, p.glyph, p.siglip, pose]
-    assert registry.input_paths("hy-worldplay", config="tiny-random", pose=str(pose)) == [pose]
-    assert registry.input_paths("hy-worldplay", config="tiny-random", pose="w-3") == []
+    roles = ["dit", "dit_config", "vae", "qwen", "byt5", "glyph", "siglip"]
+    assert found == {r: getattr(p, r) for r in roles} | {"pose": pose}
+    tiny = registry.input_paths("hy-worldplay", config="tiny-random", pose=str(pose))
+    assert tiny == {"pose": pose}
+    assert registry.input_paths("hy-worldplay", config="tiny-random", pose="w-3") == {}
 
 
 def test_matrix_game_weights_folder(tmp_path):
@@ -108,4 +120,5 @@ def test_matrix_game_weights_folder(tmp_path):
         _touch(tmp_path / f)
         for f in (loaders.DIT_FILES["universal"], loaders.VAE_FILE, loaders.CLIP_FILE)
     ]
-    assert registry.input_paths("matrix-game-2", weights=str(tmp_path)) == files
+    found = registry.input_paths("matrix-game-2", weights=str(tmp_path))
+    assert found == dict(zip(["dit", "vae", "clip"], files, strict=True))

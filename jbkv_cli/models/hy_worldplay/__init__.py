@@ -37,6 +37,7 @@ from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, open_image, trajectory_of
+from jbkv_cli.models.hy_worldplay.trajectory import is_json_path
 
 __all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
 
@@ -131,17 +132,17 @@ def check_options(**options: Any) -> None:
         locate(opt.get("weights"))
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The weight files and folders these options read, and a ``pose`` JSON file (none but
-    that for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weight files and folders these options read, and the ``pose`` option's
+    JSON file (the trajectory of cases without one; only that for tiny-random)."""
     settings, _, opt = _resolved(options)
     pose = settings.pose
-    found = [Path(pose)] if pose is not None and Path(pose).is_file() else []
+    found = {"pose": Path(pose.strip())} if pose is not None and is_json_path(pose) else {}
     if settings.config == "tiny-random":
         return found
     from jbkv_cli.models.hy_worldplay.checkpoint import locate
 
-    return [*located(locate(opt.get("weights"))), *found]
+    return located(locate(opt.get("weights"))) | found
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

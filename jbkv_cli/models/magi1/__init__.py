@@ -147,13 +147,16 @@ def check_options(**options: Any) -> None:
         locate(variant, opt.get("weights"))
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The weight files and folders these options read (none for the tiny config)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weight files and folders these options read (none for the tiny config);
+    a ``special_tokens`` option replaces the located file."""
     variant, _, opt = _resolved(options)
     if variant.name == TINY_VARIANT.name:
-        return []
-    special = opt.get("special_tokens")
-    return [*located(locate(variant, opt.get("weights"))), *([Path(special)] if special else [])]
+        return {}
+    found = located(locate(variant, opt.get("weights")))
+    if opt.get("special_tokens"):
+        found["special_tokens"] = Path(opt["special_tokens"])
+    return found
 
 
 def load_model(**options: Any) -> Magi1VideoModel:

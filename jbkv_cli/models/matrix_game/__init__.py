@@ -124,11 +124,11 @@ def check_options(**options: Any) -> None:
         locate(settings.config, opt.get("weights"))
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The weight files these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weight files these options read (none for tiny-random)."""
     settings, _, opt = _resolved(options)
     if settings.config == "tiny-random":
-        return []
+        return {}
     from jbkv_cli.models.matrix_game.loaders import locate
 
     return located(locate(settings.config, opt.get("weights")))

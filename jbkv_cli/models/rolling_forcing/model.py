@@ -63,7 +63,7 @@ from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.fields import parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.kvcache.rope import KeyRope
-from jbkv_cli.models.base import ProgressFn, located, text_case
+from jbkv_cli.models.base import ProgressFn, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention, wan_key_rope
 from jbkv_cli.models.diffusers_wan import checked_options
 from jbkv_cli.models.dtypes import dtype_from_name
@@ -73,6 +73,7 @@ from jbkv_cli.models.self_forcing.components import (
     load_components,
     locate,
     tiny_components,
+    weight_files,
 )
 from jbkv_cli.models.self_forcing.schedule import renoise, to_x0
 from jbkv_cli.seeding import noise_generator
@@ -302,10 +303,10 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The base folder and checkpoint these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the base's parts and the checkpoint these options read (none for tiny-random)."""
     _, _, paths = _resolved(options)
-    return [] if paths is None else located(paths)
+    return {} if paths is None else weight_files(paths)
 
 
 def check_cases(cases: Any, **options: Any) -> None:

@@ -188,6 +188,19 @@ def _file(option: str | None, root: Path | None, repo_id: str, rel: str, missing
     return path
 
 
+def weight_files(paths: WeightPaths) -> dict[str, Path]:
+    """Role -> the files and folders :func:`load_components` reads (the base's transformer
+    config, not its weights: the generator holds those; a LoRA when there is one)."""
+    found = {
+        "base/transformer/config.json": paths.base / "transformer" / "config.json",
+        "base/vae": paths.base / "vae",
+        "base/text_encoder": paths.base / "text_encoder",
+        "base/tokenizer": paths.base / "tokenizer",
+        "generator": paths.generator,
+    }
+    return found if paths.lora is None else found | {"lora": paths.lora}
+
+
 def locate(
     config: str,
     weights: str | os.PathLike | None = None,

@@ -69,7 +69,7 @@ from jbkv_cli.cases import Case
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
-from jbkv_cli.models.base import ProgressFn, Video, located, text_case
+from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.diffusers_cache import ChunkContext, cached_self_attention
 from jbkv_cli.models.diffusers_wan import (
     WAN_OPTIONS,
@@ -90,6 +90,7 @@ from jbkv_cli.models.self_forcing.components import (
     load_components,
     locate,
     tiny_components,
+    weight_files,
 )
 from jbkv_cli.models.self_forcing.image import encode_image, read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
@@ -570,10 +571,11 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The base folder and checkpoint files these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the base's parts and the checkpoint files these options read (none for
+    tiny-random)."""
     _, _, paths = _resolved(options)
-    return [] if paths is None else located(paths)
+    return {} if paths is None else weight_files(paths)
 
 
 def check_cases(cases: Iterable[Case], **options: Any) -> None:

@@ -367,10 +367,10 @@ def check_options(**options: Any) -> None:
     _resolved(options)
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The weights folder these options read (none for tiny-random)."""
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weights folder these options read (none for tiny-random)."""
     _, settings = _resolved(options)
-    return [] if settings.config == "tiny-random" else [Path(settings.weights)]
+    return {} if settings.config == "tiny-random" else {"weights": Path(settings.weights)}
 
 
 def load_model(**options: Any) -> SkyReelsV2:

@@ -135,9 +135,9 @@ def check_options(**options: Any) -> dict[str, Any]:
     return opts
 
 
-def input_paths(**options: Any) -> list[Path]:
-    """The weights file these options read."""
-    return [weights_file(check_options(**options).get("weights"))]
+def input_paths(**options: Any) -> dict[str, Path]:
+    """Role -> the weights file these options read."""
+    return {"weights": weights_file(check_options(**options).get("weights"))}
 
 
 def load_model(**options: Any) -> TinyVideoModel:
