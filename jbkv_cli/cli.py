@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from jbkv_cli import __version__, distributed, lifecycle
+from jbkv_cli import __version__, distributed, library_output, lifecycle
 from jbkv_cli.console import error, out, reader_gone
 from jbkv_cli.errors import JbkvError
 
@@ -24,6 +24,7 @@ def _click_classes() -> tuple[type[Exception], type[Exception]]:
 
 
 _CLICK_USAGE, _CLICK_ERROR = _click_classes()
+library_output.install()  # transformers' and diffusers' logs and bars through jbkv's stderr
 
 
 def exit_code_for(exc: BaseException) -> int:

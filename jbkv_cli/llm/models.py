@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
+from jbkv_cli import library_output
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.llm.load_errors import check_config, load_errors, load_failure
 
 EMBEDDED = "tiny"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "tiny" / "weights"
@@ -142,14 +144,19 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     where, embedded = model_path(name)
     register()
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
-    try:
-        tokenizer = load_tokenizer(where)
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
-        )
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        first = " ".join(str(exc).split())[:200]
-        raise JbkvError(f"cannot load --model {shown(name)}: {first}") from exc
+    if Path(where).is_dir():
+        check_config(Path(where), name)
+    said: list = []
+    try:  # transformers' logs kept (a load report names the tensor at fault), its warnings dropped
+        with library_output.capture() as said, library_output.quiet_warnings():
+            tokenizer = load_tokenizer(where)
+            model = AutoModelForCausalLM.from_pretrained(
+                where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+            )
+    except load_errors() as exc:
+        raise load_failure(name, where, exc, said) from exc
+    for record in said:  # a load that went through: what it reported, one line each
+        library_output.show(record)
     try:
         host(model)
         check_model(model)
