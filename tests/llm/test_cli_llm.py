@@ -307,3 +307,35 @@ def test_a_damaged_model_folder_is_one_line_naming_the_file(assets, tmp_path):
     assert "head_dim" in results[3][1].stderr and "[64, 64]" in results[3][1].stderr
     assert not sentinel.exists(), "the pickle's code ran"
     assert not list(tmp_path.glob("run-*")), "a refused model left a run folder"
+
+
+ENOSPC_HOOK = Path(__file__).parents[1] / "enospc"  # sitecustomize: ENOSPC for chosen names
+
+
+def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
+    """A disk full for one report file: one line naming it, exit 1, no partial file left. The
+    plot's failure was ``OSError: [Errno 28] No space left on device``, without a path."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    targets = ["nll.png", "results.json", "table.md", "rows.json"]
+
+    def one(target: str) -> subprocess.CompletedProcess:
+        hook = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
+        env = _env(tmp_path) | {"PYTHONPATH": hook, "JBKV_TEST_ENOSPC": target}
+        argv = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
+        argv += ["--out", tmp_path / target, "--json", tmp_path / target / "report" / "rows.json"]
+        return subprocess.run(
+            [JBKV, *map(str, argv)], capture_output=True, text=True, cwd=tmp_path, env=env,
+            timeout=600,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(one, targets))
+    for target, proc in zip(targets, results, strict=True):
+        path = tmp_path / target / "report" / target
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert errors == [f"error: cannot write {path}: No space left on device"], proc.stderr
+        assert not path.exists(), target
+        hidden = [p for p in (tmp_path / target).rglob(".*") if p.is_file()]
+        assert not hidden, f"temp files left: {hidden}"
