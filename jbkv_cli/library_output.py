@@ -36,7 +36,7 @@ CHATTER = (
     "Defaulting to unsafe serialization",  # diffusers: a folder without safetensors weights
     "An error occurred while trying to fetch",  # diffusers: the line before that one
 )
-QUIET_MODULES = r"(torch|PIL|numpy)(\..*)?"  # whose Python warnings quiet_warnings() drops
+QUIET_MODULES = r"(torch|PIL|numpy)(\..*)?\Z"  # whose Python warnings quiet_warnings() drops
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -101,7 +101,8 @@ def summary(text: str) -> str:
             f"{status} {keys[0]}" + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
             for status, keys in by_status.items()
         ]
-        head = head.replace(" LOAD REPORT", "") + ": " + "; ".join(parts)
+        head = head.replace(" LOAD REPORT from:", " from").replace(" LOAD REPORT", "")
+        head += ": " + "; ".join(parts)
     return " ".join(head.split())[:300]
 
 

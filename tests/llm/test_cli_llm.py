@@ -339,3 +339,27 @@ def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
         assert not path.exists(), target
         hidden = [p for p in (tmp_path / target).rglob(".*") if p.is_file()]
         assert not hidden, f"temp files left: {hidden}"
+
+
+def test_a_load_report_is_one_warning_line(assets, tmp_path):
+    """A folder whose weights lack a tensor loads (transformers initialises it at random) with
+    one warning line naming it, where transformers printed its load report table."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "llama"
+    shutil.copytree(assets["llama"], folder)
+    state = load_file(folder / "model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    proc = jbkv(
+        "llm-prefill", "--model", folder, "--data", assets["data"], *SMALL, "--no-plots",
+        "--out", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "LlamaForCausalLM" in ln]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("warning: transformers: LlamaForCausalLM from ")
+    assert "MISSING model.layers.1.mlp.up_proj.weight" in warnings[0]
+    assert "LOAD REPORT" not in proc.stderr and "|" not in proc.stderr
