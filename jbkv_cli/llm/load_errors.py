@@ -36,8 +36,9 @@ _SHAPES = re.compile(
 
 
 def check_config(folder: Path, name: str) -> None:
-    """Refuse a ``config.json`` (or its ``text_config``) whose sizes are not whole numbers of
-    at least 1, naming the file and the field."""
+    """Refuse a ``config.json`` (or its ``text_config``) whose sizes are numbers but not whole
+    numbers of at least 1 (``num_attention_heads: 0`` divided by zero inside transformers),
+    naming the file and the field."""
     path = folder / "config.json"
     config = read_json(path, "model config")
     if not isinstance(config, dict):
@@ -46,10 +47,9 @@ def check_config(folder: Path, name: str) -> None:
         if not isinstance(part, dict):
             continue
         for key in SIZES:
-            value = part.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            value = part.get(key)  # a list (sizes per layer) or a string: transformers' to judge
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if isinstance(value, bool) or (number and (value < 1 or value != int(value))):
                 raise JbkvError(
                     f"--model {shown(name)}: {path}: {where}{key} is {json.dumps(value)[:40]}; "
                     "it must be a whole number of at least 1"
