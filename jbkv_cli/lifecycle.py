@@ -13,9 +13,10 @@ signals, and it stays until the process exits. What it does depends on where the
 - **the command** (:func:`command`): it raises :class:`Interrupted`, a ``KeyboardInterrupt``
   carrying the signal, so SIGTERM and SIGHUP unwind exactly like Ctrl-C: progress displays stop
   drawing at once (:func:`on_interrupt`), every atomic write in progress removes its temp file
-  (:func:`jbkv_cli.atomic.atomic_path`), the CLI prints one line and exits 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). While that unwinds, a second signal is
-  ignored (under ``torchrun`` a rank gets the terminal's Ctrl-C and then the agent's own signal);
-  a third one exits at once (a temp file may then be left; the next run removes it).
+  (:func:`jbkv_cli.atomic.atomic_path`), the CLI prints one line and exits 130 (SIGINT), 143
+  (SIGTERM) or 129 (SIGHUP). While that unwinds, a second signal is ignored (under
+  ``torchrun`` a rank gets the terminal's Ctrl-C and then the agent's own signal); a third one
+  exits at once (a temp file may then be left; the next run removes it).
 - **exit** (:func:`finished`: the command's outcome is known and was reported): a signal makes
   the process exit at once with that outcome's code, printing nothing more; after the last
   atexit handler the signals are ignored, so Python's finalization cannot turn one into a death

@@ -15,6 +15,7 @@ reference) and is switched to ``attn_implementation="jbkv"`` (:func:`jbkv_cli.ll
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass
@@ -146,15 +147,19 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
     if Path(where).is_dir():
         check_config(Path(where), name)
-    said: list = []
-    try:  # transformers' logs kept (a load report names the tensor at fault), its warnings dropped
-        with library_output.capture() as said, library_output.quiet_warnings():
-            tokenizer = load_tokenizer(where)
-            model = AutoModelForCausalLM.from_pretrained(
-                where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
-            )
+    # transformers' logs kept (a load report names the tensor at fault), torch's warnings dropped
+    quiet = contextlib.ExitStack()
+    said = quiet.enter_context(library_output.capture())
+    quiet.enter_context(library_output.quiet_warnings())
+    try:
+        tokenizer = load_tokenizer(where)
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
+        )
     except load_errors() as exc:
         raise load_failure(name, where, exc, said) from exc
+    finally:
+        quiet.close()
     for record in said:  # a load that went through: what it reported, one line each
         library_output.show(record)
     try:

@@ -197,3 +197,17 @@ def test_hy_worldplay_refuses_pruning_and_profiling_in_one_line(tmp_path):
         assert r.returncode == 2, (args[0], r.returncode, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1.png", "cases.csv"]
+
+
+def test_hy_worldplay_pillows_warnings_stay_off_stderr(tmp_path):
+    """A palette image with its transparency in bytes makes Pillow warn as it is converted to
+    RGB (two lines on stderr); reading it is jbkv's, so the refusal of the next row is the only
+    line."""
+    palette = Image.new("P", (24, 16))
+    palette.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0] * 80)
+    palette.save(tmp_path / "p.png", transparency=bytes([0, 128, 255]))
+    image(tmp_path / "1.png")
+    cases = case_file(tmp_path, ["p.png,a house,w-7", "1.png,a lake,w-31"])
+    r = jbkv("generate", *TINY, "--cases", cases, "--out", "out", cwd=tmp_path)
+    one_line_error(r, 2, "has 32 latents")
+    assert not (tmp_path / "out").exists()
