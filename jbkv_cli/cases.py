@@ -20,15 +20,18 @@ A case file (``--cases FILE``) is a CSV with a header; columns by name, any orde
 HY-WorldPlay's ``assets/test_case.csv`` (``image_name,caption``) is one; add a ``pose`` column
 or give the model a default trajectory. A relative image or JSON path is looked up in the case
 file's folder, then in the current directory (upstream's CSV lists ``./assets/img/1.png``
-relative to its repository root). Every problem (no prompt column, an empty prompt, a missing
-image, two cases of one name) is one usage error before anything is created.
+relative to its repository root). Every problem (no prompt column, two columns of one kind, an
+unterminated quote, a control character or line break in a cell, an empty prompt, a missing
+image, an id that cannot name a file, two cases of one name) is one usage error naming the
+file and the line, before anything is created.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Mapping
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,12 +116,45 @@ def default_id(image: str | None, trajectory: str | None, prompt: str) -> str | 
     return "-".join(parts) or prompt
 
 
-def _column(header: list[str], names: tuple[str, ...]) -> int | None:
+def _column(header: list[str], names: tuple[str, ...], path: Path) -> int | None:
+    """The index of the header cell named one of ``names``; a usage error when two are."""
     lowered = [h.strip().lower() for h in header]
-    for name in names:
-        if name in lowered:
-            return lowered.index(name)
-    return None
+    found = [i for i, h in enumerate(lowered) if h in names]
+    if len(found) > 1:
+        both = ", ".join(header[i].strip() for i in found)
+        raise UsageError(f"case file {path} has {len(found)} {names[0]} columns ({both}); keep one")
+    return found[0] if found else None
+
+
+_NOT_IN_CELLS = ("Cc", "Zl", "Zp")  # controls (NUL, tab, line breaks), line/paragraph separators
+
+
+def _check_cell(text: str, column: str, source: str) -> None:
+    """A cell is one line of text: no NUL, no line break (a quoted cell may hold one)."""
+    bad = next((c for c in text if unicodedata.category(c) in _NOT_IN_CELLS), None)
+    if bad is not None:
+        raise UsageError(
+            f"{source}: the {column} holds U+{ord(bad):04X} (a case file's cells hold no control "
+            "characters or line breaks)"
+        )
+
+
+def _rows(text: str, path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(first line, cells) of each CSV row that is not blank; an unterminated quote or a stray
+    one is a usage error naming its line."""
+    reader = csv.reader(io.StringIO(text), strict=True)
+    last = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            problem = "an unterminated quote" if "end of data" in str(exc) else str(exc)
+            raise UsageError(f"{path} line {last + 1}: {problem}") from None
+        first, last = last + 1, reader.line_num
+        if any(cell.strip() for cell in row):
+            yield first, row
 
 
 def resolve_input(value: str, folder: Path, what: str, source: str) -> str:
@@ -133,34 +169,39 @@ def resolve_input(value: str, folder: Path, what: str, source: str) -> str:
 
 
 def read_case_file(path: str | Path) -> list[Case]:
-    """The cases of a CSV case file (module docstring); one usage error for any problem."""
+    """The cases of a CSV case file (module docstring); one usage error for any problem, naming
+    the file and the line."""
+    from jbkv_cli.runs import check_prompt  # runs imports this module
+
     path = Path(path)
     try:
         text = read_text(path, "case file", MAX_TEXT_BYTES)
     except JbkvError as exc:
         raise UsageError(str(exc)) from None
-    rows = list(csv.reader(io.StringIO(text)))
-    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    rows = list(_rows(text, path))
     if not rows:
         raise UsageError(f"case file {path} is empty (a CSV with a header row)")
-    header, body = rows[0], rows[1:]
-    p_col = _column(header, PROMPT_COLUMNS)
+    (_, header), body = rows[0], rows[1:]
+    p_col = _column(header, PROMPT_COLUMNS, path)
     if p_col is None:
         raise UsageError(
             f"case file {path} has no prompt column (one of: {', '.join(PROMPT_COLUMNS)})"
         )
     i_col, t_col, id_col = (
-        _column(header, IMAGE_COLUMNS),
-        _column(header, POSE_COLUMNS),
-        _column(header, ("id",)),
+        _column(header, IMAGE_COLUMNS, path),
+        _column(header, POSE_COLUMNS, path),
+        _column(header, ("id",), path),
     )
     if not body:
         raise UsageError(f"case file {path} lists no cases")
     if len(body) > MAX_CASES:
         raise UsageError(f"case file {path} lists {len(body):,} cases; at most {MAX_CASES:,}")
     cases, seen = [], {}
-    for n, row in enumerate(body, start=2):
+    for n, row in body:
         source = f"{path} line {n}"
+        for col, cell_text in enumerate(row):
+            name = header[col].strip() if col < len(header) else f"column {col + 1}"
+            _check_cell(cell_text, name or f"column {col + 1}", source)
 
         def cell(col: int | None, row: list[str] = row) -> str | None:
             if col is None or col >= len(row) or not row[col].strip():
@@ -179,6 +220,14 @@ def read_case_file(path: str | Path) -> list[Case]:
         raw_image, raw_pose = cell(i_col), cell(t_col)
         case_id = cell(id_col) or default_id(raw_image, raw_pose, prompt)
         case = Case(prompt, image, pose, case_id)
+        try:  # the name names its videos' files
+            check_prompt(case.name)
+        except UsageError as exc:
+            if cell(id_col):
+                what = "id"
+            else:
+                what = "prompt" if case.id is None else "id made from the image and pose"
+            raise UsageError(f"{source}: {what} {str(exc).removeprefix('prompt ')}") from None
         if case.name in seen:
             raise UsageError(
                 f"{source}: a second case named {shown(case.name)} (line {seen[case.name]}); "

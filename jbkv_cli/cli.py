@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 from typer.core import TyperGroup
 
-from jbkv_cli import __version__, distributed, lifecycle
-from jbkv_cli.console import error, out
+from jbkv_cli import __version__, distributed, library_output, lifecycle
+from jbkv_cli.console import error, out, reader_gone
 from jbkv_cli.errors import JbkvError
 
 
@@ -24,15 +24,19 @@ def _click_classes() -> tuple[type[Exception], type[Exception]]:
 
 
 _CLICK_USAGE, _CLICK_ERROR = _click_classes()
+library_output.install()  # transformers' and diffusers' logs and bars through jbkv's stderr
 
 
 def exit_code_for(exc: BaseException) -> int:
     """Print ``exc`` as one line on stderr and return its exit code.
 
     Usage errors 2, known failures 1, Ctrl-C 130, SIGTERM 143, SIGHUP 129 (the handler of
-    :mod:`jbkv_cli.lifecycle` raises them as ``KeyboardInterrupt``); anything unexpected is one
-    line with its type (``JBKV_DEBUG=1`` re-raises it for the traceback).
+    :mod:`jbkv_cli.lifecycle` raises them as ``KeyboardInterrupt``), a reader of stdout that
+    left early 0 and nothing printed (``jbkv … | head``); anything unexpected is one line with
+    its type (``JBKV_DEBUG=1`` re-raises it for the traceback).
     """
+    if isinstance(exc, BrokenPipeError) and reader_gone():  # `jbkv … | head`: not a failure
+        return 0
     if isinstance(exc, KeyboardInterrupt):
         # every write goes through jbkv_cli.atomic, whose temp file is removed on the way out
         error(f"{lifecycle.describe(exc)}; completed files are kept, no partial file is left")

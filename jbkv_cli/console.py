@@ -6,11 +6,17 @@ from a run folder), so nothing printed here is read as Rich markup or emoji code
 with markup in a string. Bidi controls that reorder the rest of a line (U+202A–U+202E,
 U+2066–U+2069) are shown as ``\\u202e`` on the terminal (:func:`visible`), so a prompt holding
 RIGHT-TO-LEFT OVERRIDE cannot reverse the bar, the numbers or the path printed after it.
+
+A reader that leaves early (``jbkv --help | head``) is not a failure: the stream it read from
+goes to ``/dev/null`` and the command ends as it would have, quietly (:func:`reader_gone`;
+Rich's own reaction was exit 1, click's a ``BrokenPipeError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import sys
 from typing import Any
 
@@ -46,6 +52,39 @@ class PlainConsole(Console):
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(visible(text), **kwargs)
+
+
+def _broken(fd: int) -> bool:
+    """Whether ``fd`` is a pipe whose reader has gone (``poll`` reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll(), a closed descriptor
+        return False
+
+
+def reader_gone() -> bool:
+    """Whether the reader of stdout or stderr left; each such stream then writes to
+    ``/dev/null``, so what is still printed (and Python's last flush) goes nowhere, silently."""
+    gone = [fd for fd in (1, 2) if _broken(fd)]
+    for fd in gone:
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+    return bool(gone)
+
+
+def _on_broken_pipe(self: Console) -> None:
+    """Rich's hook when a write meets a broken pipe: its default exits 1; here the reader has
+    left and the command goes on (:func:`reader_gone`). Set on ``Console`` itself, so the help
+    screens Typer prints with its own console behave the same."""
+    reader_gone()
+    self.quiet = True
+
+
+Console.on_broken_pipe = _on_broken_pipe  # type: ignore[method-assign]
 
 
 def _width(stream: Any) -> int | None:

@@ -11,11 +11,12 @@ signals, and it stays until the process exits. What it does depends on where the
   (one line, exit ``128 + N``); one that came while the arguments were parsed, as the command
   starts (:func:`command`).
 - **the command** (:func:`command`): it raises :class:`Interrupted`, a ``KeyboardInterrupt``
-  carrying the signal, so SIGTERM and SIGHUP unwind exactly like Ctrl-C: every atomic write in
-  progress removes its temp file (:func:`jbkv_cli.atomic.atomic_path`), the CLI prints one line
-  and exits 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). While that unwinds, a second signal is
-  ignored (under ``torchrun`` a rank gets the terminal's Ctrl-C and then the agent's own signal);
-  a third one exits at once (a temp file may then be left; the next run removes it).
+  carrying the signal, so SIGTERM and SIGHUP unwind exactly like Ctrl-C: progress displays stop
+  drawing at once (:func:`on_interrupt`), every atomic write in progress removes its temp file
+  (:func:`jbkv_cli.atomic.atomic_path`), the CLI prints one line and exits 130 (SIGINT), 143
+  (SIGTERM) or 129 (SIGHUP). While that unwinds, a second signal is ignored (under
+  ``torchrun`` a rank gets the terminal's Ctrl-C and then the agent's own signal); a third one
+  exits at once (a temp file may then be left; the next run removes it).
 - **exit** (:func:`finished`: the command's outcome is known and was reported): a signal makes
   the process exit at once with that outcome's code, printing nothing more; after the last
   atexit handler the signals are ignored, so Python's finalization cannot turn one into a death
@@ -40,7 +41,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PAUSE_ENV = "JBKV_TEST_PAUSE"
@@ -82,6 +83,14 @@ class _State:
 
 
 _state = _State()
+_on_interrupt: list[Callable[[], None]] = []
+
+
+def on_interrupt(hook: Callable[[], None]) -> None:
+    """Call ``hook`` in the handler as a signal interrupts the command, before anything
+    unwinds (:mod:`jbkv_cli.progress` stops its displays there, so no frame follows the
+    signal). A hook runs inside a signal handler: it must only set flags."""
+    _on_interrupt.append(hook)
 
 
 def install() -> None:
@@ -125,6 +134,9 @@ def _handle(signum: int, _frame: object) -> None:
             _exit_now(128 + state.raised)
         return
     state.raised = signum
+    for hook in _on_interrupt:
+        with contextlib.suppress(Exception):
+            hook()
     raise Interrupted(signum)
 
 

@@ -28,7 +28,7 @@ from jbkv_cli.results import ResultRow
 from jbkv_cli.runs import RunDir, video_name
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     """Write ``fig`` to ``path`` atomically; a failure (a full disk) is one line naming it."""
     try:
         with atomic_path(path) as tmp:
@@ -97,7 +97,7 @@ def frontier_plot(rows: list[ResultRow], path: Path) -> Path | None:
     axes[0][0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.suptitle("Storage–quality frontier (solid: uncorrected, dashed: corrected)", fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def delta_ps_hist(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
@@ -130,7 +130,7 @@ def delta_ps_hist(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None
     ax.set_ylabel("density")
     ax.set_title(f"Attention stolen by INT{low} cached keys")
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def frame_strip(run: RunDir, rows: list[ResultRow], path: Path, times: int = 5) -> Path | None:
@@ -173,7 +173,7 @@ def frame_strip(run: RunDir, rows: list[ResultRow], path: Path, times: int = 5) 
             if j == 0:
                 ax.set_ylabel(label, fontsize=7)
     fig.suptitle(refs[0]["prompt"], fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
@@ -223,7 +223,7 @@ def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle("Drift over time", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def attention_error_heatmap(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
@@ -266,7 +266,7 @@ def attention_error_heatmap(run: RunDir, rows: list[ResultRow], path: Path) -> P
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(f"Where the attention error comes from: {row.label}", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def make_plots(run: RunDir, rows: list[ResultRow], out_dir: Path) -> list[Path]:

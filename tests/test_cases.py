@@ -69,6 +69,20 @@ def test_case_file_ids_and_prompt_only_rows(tmp_path):
         ("prompt,pose\na,gone.json\n", "line 2: pose JSON 'gone.json' is not a file"),
         ("prompt\na\nb\na\n", "line 4: a second case named 'a' (line 2)"),
         ("prompt,id\na,x\nb,x\n", "line 3: a second case named 'x' (line 2)"),
+        # what used to pass: an unterminated quote swallowed the rest of the file
+        ('prompt,id\na,x\n"b,y\nc,z\n', "line 3: an unterminated quote"),
+        ('prompt\n"a"b\n', "line 2: ',' expected after '\"'"),
+        # the second image column was ignored
+        ("prompt,image,image_path\na,1.png,2.png\n", "has 2 image columns (image, image_path)"),
+        ("caption,prompt\na,b\n", "has 2 prompt columns (caption, prompt)"),
+        # a NUL or a line break inside a prompt (a quoted cell may hold one)
+        ("prompt,id\na\0b,x\n", "line 2: the prompt holds U+0000"),
+        ('prompt,id\n"a\nb",x\nc,y\n', "line 2: the prompt holds U+000A"),
+        ("caption,id\na\tb,x\n", "line 2: the caption holds U+0009"),
+        # an id that cannot name the videos' files is named with its line
+        ("prompt,id\na,x\nb,c/d\n", "line 3: id 'c/d' cannot name a file"),
+        ("prompt,id\n\nb,.d\n", "line 3: id '.d' cannot name a file"),
+        ("prompt\na\n\n.b\n", "line 4: prompt '.b' cannot name a file"),
     ],
 )
 def test_case_file_problems_are_usage_errors(tmp_path, text, needle):
@@ -76,6 +90,35 @@ def test_case_file_problems_are_usage_errors(tmp_path, text, needle):
     with pytest.raises(UsageError) as err:
         read_case_file(path)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+CLI_BAD = [
+    ('prompt,id\na,x\n"b,y\n', "c.csv line 3: an unterminated quote"),
+    ("prompt,image,image_name\na,1.png,2.png\n", "has 2 image columns"),
+    ("prompt,id\na\0b,x\n", "c.csv line 2: the prompt holds U+0000"),
+    ('prompt,id\n"a\nb",x\n', "c.csv line 2: the prompt holds U+000A"),
+    ("prompt,id\na,x\n\nb,y/z\n", "c.csv line 4: id 'y/z' cannot name a file"),
+]
+
+
+def test_case_file_problems_through_the_installed_jbkv(tmp_path):
+    """Exit 2, one line naming the file and the line, nothing created: a bad id used to be
+    refused later without its line, and the others were taken."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(n: int) -> tuple[str, object]:
+        folder = tmp_path / str(n)
+        folder.mkdir()
+        (folder / "c.csv").write_bytes(CLI_BAD[n][0].encode())
+        return folder, jbkv("generate", "--cases", "c.csv", "--out", "run", cwd=folder)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(one, range(len(CLI_BAD))))
+    for (_, needle), (folder, r) in zip(CLI_BAD, results, strict=True):
+        assert r.returncode == 2, (needle, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and needle in lines[0], (needle, r.stderr)
+        assert not (folder / "run").exists()
 
 
 def test_case_file_unreadable_is_a_usage_error(tmp_path):

@@ -90,6 +90,41 @@ def test_every_help_exits_0_with_empty_stderr(tmp_path):
         assert "Usage" in r.stdout, case
 
 
+def _reader_gone_at_once(args: tuple, cwd: Path) -> tuple[int, str]:
+    """``jbkv ARGS`` with its stdout a pipe whose reader left before anything was written (what
+    ``jbkv ARGS | head`` becomes once ``head`` has its lines): (exit code, stderr)."""
+    env = {**os.environ, "COLUMNS": "120"}
+    env.pop("JBKV_DEBUG", None)
+    proc = subprocess.Popen(
+        [JBKV, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    return proc.wait(timeout=900), err
+
+
+def test_a_reader_that_leaves_early_is_not_a_failure(tmp_path):
+    """``jbkv --help | head``: exit 0 and nothing on stderr. Rich's help screens and tables
+    exited 1 on the broken pipe, and ``report --format json`` (click's echo) printed
+    ``error: BrokenPipeError``."""
+    made = run("generate", "--bits", "2", "--seeds", "0", *TINY, "--out", "o", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    cases = [
+        ("--help",),
+        ("llm-prefill", "--help"),
+        ("--version",),
+        ("report", "o", "--format", "json"),
+        ("report", "o", "--format", "table"),
+    ]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda c: _reader_gone_at_once(c, tmp_path), cases))
+    for case, (code, err) in zip(cases, results, strict=True):
+        assert code == 0, (case, code, err)
+        assert "error" not in err and "Broken" not in err, (case, err)
+        if "--help" in case or "--version" in case:
+            assert err == "", (case, err)
+
+
 USAGE = [
     ("generate", "--bits", "abc"),
     ("generate", "--bits", "5"),

@@ -203,10 +203,13 @@ def llm_prefill(
         raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {shown(backend)}")
     embedded = model == EMBEDDED
     defaults = EMBEDDED_DEFAULTS if embedded else PAPER_DEFAULTS
-    bin_list = parse_bins(bins or defaults["bins"])
-    chunk_list = parse_sizes(chunk_sizes or defaults["chunks"])
+    # an empty value is a usage error, not "the default" (None is: the option was not given)
+    bin_list = parse_bins(defaults["bins"] if bins is None else bins)
+    chunk_list = parse_sizes(defaults["chunks"] if chunk_sizes is None else chunk_sizes)
     specs = _specs(bits, quantizers, corrections, group_sizes, method_option)
-    data = data or defaults["data"]
+    if data is not None and not data.strip():
+        raise UsageError("--data is empty: give longbench-pro, synthetic or a file")
+    data = defaults["data"] if data is None else data
     dev = resolve_device(device)
     dtype_name = resolve_dtype(dtype, dev)
     where, _ = model_path(model)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from jbkv_cli import distributed
@@ -27,6 +26,7 @@ from jbkv_cli.metrics.vbench_weights import (
     require_weights,
     weights_status,
 )
+from jbkv_cli.progress import Progress, counting_columns
 from jbkv_cli.report import print_vbench_table, vbench_variants
 
 vbench_app = typer.Typer(
@@ -176,13 +176,7 @@ def run_command(
             config.dimensions, long_mode=config.long_mode, static_filter=config.static_filter
         )
 
-    progress = Progress(
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-    )
+    progress = Progress(*counting_columns())
     tasks: dict[str, Any] = {}
 
     def on_event(variant: str, kind: str, event: dict[str, Any]) -> None:

@@ -8,7 +8,6 @@ import typer
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    Progress,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -18,6 +17,7 @@ from rich.table import Table
 from jbkv_cli import distributed
 from jbkv_cli.console import err, error, out, plain, visible, warn
 from jbkv_cli.errors import JbkvError, UsageError
+from jbkv_cli.progress import Progress
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
 from jbkv_cli.weights.manifest import MIRROR_ENV, WeightEntry, resolve_mirror
 
@@ -108,7 +108,7 @@ def _fetch_with_progress(entry: WeightEntry, mirror: str | None):
         TimeRemainingColumn(),
     )
     # no bar where stderr is not a terminal (logs, pipes): it would only leave blank lines
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as progress:
+    with Progress(*columns, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task(visible(entry.name), total=entry.size)
 
         def report(done: int, total: int | None) -> None:

@@ -14,20 +14,16 @@ A rank only ever writes the records of its own examples, so no file has two writ
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from jbkv_cli import distributed
-from jbkv_cli.console import err
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.llm.data import Example
 from jbkv_cli.llm.models import LoadedLM
 from jbkv_cli.llm.prefill import score_example, summary
 from jbkv_cli.llm.run import LlmRun
+from jbkv_cli.progress import counting_progress
 
 SAMPLES = 512  # per-query ΔP_S values kept per record (for histograms)
 
@@ -39,21 +35,6 @@ class Summary:
     seconds: float = 0.0
     peak_kv_bytes: int = 0
     per_rank: list[int] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Progress | None]:
-    if not enabled:
-        yield None
-        return
-    columns = (
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=False) as progress:
-        yield progress
 
 
 def _record(ex: Example, vid: str, result, prefix_seconds: float) -> dict:
@@ -100,7 +81,7 @@ def run_jobs(
     vids, todo, done = distributed.from_rank0(missing, "listing the jobs to run")
     mine = distributed.shard(todo)
     result = Summary(skipped=done if distributed.is_main() else 0)
-    with _progress(show_progress) as progress:
+    with counting_progress(show_progress) as progress:
         task = progress.add_task("examples", total=len(mine)) if progress else None
         for i in mine:
             ex = examples[i]

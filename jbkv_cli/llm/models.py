@@ -15,6 +15,7 @@ reference) and is switched to ``attn_implementation="jbkv"`` (:func:`jbkv_cli.ll
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from dataclasses import dataclass
@@ -23,8 +24,10 @@ from typing import Any
 
 import torch
 
+from jbkv_cli import library_output
 from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.llm.load_errors import check_config, load_errors, load_failure
 from jbkv_cli.pretrained import from_pretrained
 
 EMBEDDED = "tiny"
@@ -176,15 +179,24 @@ def load_lm(name: str, dtype: str, device: str) -> LoadedLM:
     where, embedded = model_path(name)
     register()
     hf_logging.disable_progress_bar()  # stderr is jbkv's: its own progress, warnings, errors
+    if Path(where).is_dir():
+        check_config(Path(where), name)
+    # transformers' logs kept (a load report names the tensor at fault), torch's warnings dropped
+    quiet = contextlib.ExitStack()
+    said = quiet.enter_context(library_output.capture())
+    quiet.enter_context(library_output.quiet_warnings())
     try:
         from_pretrained(AutoConfig, where)  # a model that needs its own code: refused first
         tokenizer = load_tokenizer(where)
         model = from_pretrained(
             AutoModelForCausalLM, where, dtype=DTYPES[dtype], attn_implementation=ATTENTION
         )
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        first = " ".join(str(exc).split())[:200]
-        raise JbkvError(f"cannot load --model {shown(name)}: {first}") from exc
+    except load_errors() as exc:
+        raise load_failure(name, where, exc, said) from exc
+    finally:
+        quiet.close()
+    for record in said:  # a load that went through: what it reported, one line each
+        library_output.show(record)
     try:
         host(model)
         check_model(model)

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.table import Table
 
-from jbkv_cli.atomic import atomic_path, write_text_atomic
+from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
 from jbkv_cli.llm.run import KIND, LlmRun
 from jbkv_cli.results import Stat
@@ -266,10 +266,9 @@ def plot(rows: list[Row], path: Path) -> Path | None:
     axes[0][0].set_ylabel("ΔNLL vs reference (nats/token)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-    plt.close(fig)
-    return path
+    from jbkv_cli.plots import save_figure  # a full disk is one line naming the file
+
+    return save_figure(fig, path)
 
 
 def write_report(run: LlmRun, rows: list[Row], plots: bool = True) -> tuple[dict, list[Path]]:

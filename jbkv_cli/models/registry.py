@@ -24,6 +24,7 @@ from typing import Any
 
 from jbkv_cli.cases import Case
 from jbkv_cli.errors import UsageError
+from jbkv_cli.library_output import quiet_warnings
 from jbkv_cli.models.base import VideoModel, text_case
 
 # name -> "module:factory"; factory(**options) -> VideoModel
@@ -50,7 +51,8 @@ def _module(name: str) -> tuple[Any, str]:
 def load_model(name: str, **options: Any) -> VideoModel:
     """Build the model registered as ``name``; options are model-specific (weights, steps, ...)."""
     module, factory = _module(name)
-    return getattr(module, factory)(**options)
+    with quiet_warnings():  # torch's, Pillow's and numpy's own warnings while it loads
+        return getattr(module, factory)(**options)
 
 
 def check_options(name: str, **options: Any) -> None:

@@ -151,6 +151,9 @@ BAD = [
     (["--bins", "400-500", "--chunk-sizes", "64"], "positions"),
     (["--data", "synthetic"], "embedded LM"),
     (["--seed", "4294967296"], "--seed"),
+    (["--bins", ""], "bad --bins ''"),  # an empty value is not "the default"
+    (["--chunk-sizes", ""], "bad --chunk-sizes ''"),
+    (["--data", ""], "--data is empty"),
 ]
 
 
@@ -238,3 +241,125 @@ def test_a_hub_id_is_not_downloaded_offline(assets, tmp_path):
     )  # fmt: skip
     _one_line_error(proc, 1, "cannot load --model 'nobody-jbkv/no-such-model'")
     assert not (tmp_path / "run").exists()
+
+
+class _Payload:
+    """A pickle that would create a file if its code ran."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def _damage(folder: Path, how: str, sentinel: Path) -> str:
+    """Damage a copy of a model folder; return the file the error must name."""
+    import pickle
+
+    config = folder / "config.json"
+    if how == "pickle":
+        (folder / "model.safetensors").unlink()
+        (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"x": _Payload(sentinel)}, 2))
+        return "pytorch_model.bin"
+    if how == "cut safetensors":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+        return "model.safetensors"
+    settings = json.loads(config.read_text())
+    if how == "zero heads":
+        settings["num_attention_heads"] = 0
+    else:  # weights of head dim 32 under a config of head dim 16
+        settings["head_dim"] = 16
+    config.write_text(json.dumps(settings))
+    return "config.json"
+
+
+DAMAGED = ["pickle", "cut safetensors", "zero heads", "other head dim"]
+
+
+def test_a_damaged_model_folder_is_one_line_naming_the_file(assets, tmp_path):
+    """Each used to escape in transformers' or torch's words: a raw ``UnpicklingError`` (after
+    torch's own warning), ``SafetensorError`` or ``ZeroDivisionError`` without a file, or
+    transformers' 11-line load report. Now: exit 1, one line naming the file, nothing created,
+    and the pickle's code never ran."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    sentinel = tmp_path / "pickle-code-ran"
+
+    def one(how: str) -> tuple[str, subprocess.CompletedProcess]:
+        folder = tmp_path / how.replace(" ", "-")
+        shutil.copytree(assets["llama"], folder)
+        named = _damage(folder, how, sentinel)
+        proc = jbkv(
+            "llm-prefill", "--model", folder, "--data", assets["data"], *SMALL,
+            "--out", tmp_path / f"run-{folder.name}", cwd=tmp_path,
+        )  # fmt: skip
+        return str(folder / named), proc
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(one, DAMAGED))
+    for how, (named, proc) in zip(DAMAGED, results, strict=True):
+        _one_line_error(proc, 1, named)
+        assert "cannot load" in proc.stderr or "whole number" in proc.stderr, (how, proc.stderr)
+    assert "posix.system" in results[0][1].stderr  # what the pickle asked for, refused
+    assert "head_dim" in results[3][1].stderr and "[64, 64]" in results[3][1].stderr
+    assert not sentinel.exists(), "the pickle's code ran"
+    assert not list(tmp_path.glob("run-*")), "a refused model left a run folder"
+
+
+ENOSPC_HOOK = Path(__file__).parents[1] / "enospc"  # sitecustomize: ENOSPC for chosen names
+
+
+def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
+    """A disk full for one report file: one line naming it, exit 1, no partial file left. The
+    plot's failure was ``OSError: [Errno 28] No space left on device``, without a path."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    targets = ["nll.png", "results.json", "table.md", "rows.json"]
+
+    def one(target: str) -> subprocess.CompletedProcess:
+        hook = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
+        env = _env(tmp_path) | {"PYTHONPATH": hook, "JBKV_TEST_ENOSPC": target}
+        argv = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
+        argv += ["--out", tmp_path / target, "--json", tmp_path / target / "report" / "rows.json"]
+        return subprocess.run(
+            [JBKV, *map(str, argv)], capture_output=True, text=True, cwd=tmp_path, env=env,
+            timeout=600,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(one, targets))
+    for target, proc in zip(targets, results, strict=True):
+        path = tmp_path / target / "report" / target
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert errors == [f"error: cannot write {path}: No space left on device"], proc.stderr
+        assert not path.exists(), target
+        hidden = [p for p in (tmp_path / target).rglob(".*") if p.is_file()]
+        assert not hidden, f"temp files left: {hidden}"
+
+
+def test_a_load_report_is_one_warning_line(assets, tmp_path):
+    """A folder whose weights lack a tensor loads (transformers initialises it at random) with
+    one warning line naming it, where transformers printed its load report table."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "llama"
+    shutil.copytree(assets["llama"], folder)
+    state = load_file(folder / "model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    proc = jbkv(
+        "llm-prefill", "--model", folder, "--data", assets["data"], *SMALL, "--no-plots",
+        "--out", tmp_path / "run", cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    warnings = [ln for ln in proc.stderr.splitlines() if "LlamaForCausalLM" in ln]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("warning: transformers: LlamaForCausalLM from ")
+    assert "MISSING model.layers.1.mlp.up_proj.weight" in warnings[0]
+    assert "LOAD REPORT" not in proc.stderr and "|" not in proc.stderr

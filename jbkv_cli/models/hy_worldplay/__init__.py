@@ -36,8 +36,9 @@ from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
-from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, open_image, trajectory_of
+from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, trajectory_of
 from jbkv_cli.models.hy_worldplay.trajectory import is_json_path
+from jbkv_cli.models.self_forcing.image import read_image
 
 __all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
 
@@ -158,7 +159,7 @@ def check_cases(cases: Iterable[Case], **options: Any) -> None:
             )
         if not Path(case.image).is_file():
             raise UsageError(f"case {shown(case.name)}: image {case.image} is not a file")
-        open_image(case.image, case.name)
+        read_image(case.image, case.name)
         try:
             trajectory_of(case, latents, settings.pose)
         except UsageError as exc:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from PIL import Image
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.cases import Case
@@ -34,6 +33,7 @@ from jbkv_cli.models.hy_worldplay.trajectory import (
     trajectory_digest,
 )
 from jbkv_cli.models.hy_worldplay.vae import decode_frames, encode_image
+from jbkv_cli.models.self_forcing.image import read_image
 from jbkv_cli.seeding import noise_generator
 
 
@@ -62,16 +62,6 @@ def trajectory_of(case: Case, latents: int, pose: str | None) -> tuple[str, Traj
     trajectory, checked against ``latents``."""
     spec = case.trajectory or pose or default_pose(latents)
     return spec, load_trajectory(spec, latents)
-
-
-def open_image(path: str, case: str) -> Image.Image:
-    """The case's image as RGB; a usage error naming it when it cannot be read."""
-    try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except (OSError, ValueError) as exc:
-        reason = " ".join(str(exc).split())[:120]
-        raise UsageError(f"case {shown(case)}: cannot read image {path}: {reason}") from None
 
 
 class HYWorldPlay:
@@ -155,7 +145,7 @@ class HYWorldPlay:
             raise UsageError(
                 f"case {shown(case.name)}: its kept memory plan is for another trajectory"
             )
-        image = open_image(case.image, case.name)
+        image = read_image(case.image, case.name)
         self._place(self.encoders.modules(), True)
         try:
             qwen, byt5 = self.encoders.encode_prompt(case.prompt)

@@ -147,13 +147,7 @@ def read_tensors(path: Path) -> object:
                 raise
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        wanted = _blocked_global(exc)
-        if wanted is not None:
-            raise JbkvError(
-                f"{path} needs pickle code to load (it asks for {wanted}); jbkv reads "
-                "checkpoints with torch.load(weights_only=True) and never runs it"
-            ) from exc
-        raise JbkvError(f"cannot read checkpoint {path}: {_unpickler_reason(exc)}") from exc
+        raise JbkvError(pickle_refusal(path, exc)) from exc
     except OSError as exc:
         raise JbkvError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from exc
     except MemoryError:
@@ -171,6 +165,18 @@ def _blocked_global(exc: BaseException) -> str | None:
     """The ``module.name`` a weights-only load refused (``posix.system``), if that is why."""
     match = _GLOBAL.search(str(exc))
     return match.group(1) if match else None
+
+
+def pickle_refusal(path: Path | str, exc: BaseException) -> str:
+    """One line for a pickle ``torch.load(weights_only=True)`` refused: the global it asks
+    for (``posix.system``), else what the unpickler could not build."""
+    wanted = _blocked_global(exc)
+    if wanted is not None:
+        return (
+            f"{path} needs pickle code to load (it asks for {wanted}); jbkv reads "
+            "checkpoints with torch.load(weights_only=True) and never runs it"
+        )
+    return f"cannot read checkpoint {path}: {_unpickler_reason(exc)}"
 
 
 def _unpickler_reason(exc: BaseException) -> str:

@@ -12,20 +12,29 @@ posterior mean, normalised per channel, ``(μ − mean) / std`` — here diffuse
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from PIL import Image
 
 from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.library_output import quiet_warnings
+
+BOMBS = (Image.DecompressionBombError, Image.DecompressionBombWarning)
 
 
 def read_image(path: str, case: str) -> Image.Image:
-    """The case's image as RGB; one usage error naming the case when it cannot be read."""
+    """The case's image as RGB; one usage error naming the case when it cannot be read. An
+    image of more pixels than Pillow's ``MAX_IMAGE_PIXELS`` (a decompression bomb, or a size
+    no video model is fed) is refused before it is decoded, where Pillow would only warn; its
+    other warnings are dropped (:func:`~jbkv_cli.library_output.quiet_warnings`)."""
     try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        with quiet_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                return img.convert("RGB")
+    except (OSError, ValueError, *BOMBS) as exc:
         reason = " ".join(str(exc).split())[:120]
         raise UsageError(f"case {shown(case)}: cannot read image {path}: {reason}") from None
 

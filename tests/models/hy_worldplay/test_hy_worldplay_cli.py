@@ -24,6 +24,22 @@ def image(path: Path) -> Path:
     return path
 
 
+def bomb(path: Path, side: int) -> Path:
+    """A PNG whose header says ``side`` x ``side`` pixels (its data is one pixel's): what a
+    decompression bomb looks like to Pillow before it decodes anything."""
+    import struct
+    import zlib
+
+    Image.new("RGB", (1, 1)).save(path)
+    data = bytearray(path.read_bytes())
+    ihdr = data.index(b"IHDR")
+    data[ihdr + 4 : ihdr + 12] = struct.pack(">II", side, side)
+    crc = zlib.crc32(bytes(data[ihdr : ihdr + 17]))
+    data[ihdr + 17 : ihdr + 21] = struct.pack(">I", crc)
+    path.write_bytes(bytes(data))
+    return path
+
+
 def case_file(folder: Path, rows: list[str], header: str = "image_name,caption,pose") -> Path:
     path = folder / "cases.csv"
     path.write_text("\n".join([header, *rows]) + "\n")
@@ -117,6 +133,10 @@ BAD = [
     (["1.png,a house,broken.json"], [], "cannot read pose JSON"),
     (["2.png,a house,w-7"], [], "image '2.png' is not a file"),
     (["garbage.png,a house,w-7"], [], "cannot read image"),
+    # past twice Pillow's MAX_IMAGE_PIXELS (it raised DecompressionBombError, which escaped)
+    (["bomb.png,a house,w-7"], [], "could be decompression bomb"),
+    # past it (Pillow only warned, on stderr, and then decoded)
+    (["big.png,a house,w-7"], [], "could be decompression bomb"),
     (["1.png,a house,w-7"], ["-o", "frames=30"], "frames must be 4 * latents - 3"),
     (["1.png,,w-7"], [], "empty prompt"),
 ]
@@ -127,6 +147,8 @@ def test_hy_worldplay_bad_inputs_are_one_line_usage_errors(tmp_path, rows, extra
     image(tmp_path / "1.png")
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "garbage.png").write_bytes(b"not a png")
+    bomb(tmp_path / "bomb.png", 20_000)
+    bomb(tmp_path / "big.png", 10_000)
     cases = case_file(tmp_path, rows)
     # quantize-eval checks cases through the same path (_case_items): two of them suffice
     commands = ("generate", "quantize-eval") if rows[0].endswith(("w-31", "broken.json")) else ()
@@ -175,3 +197,17 @@ def test_hy_worldplay_refuses_pruning_and_profiling_in_one_line(tmp_path):
         assert r.returncode == 2, (args[0], r.returncode, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1.png", "cases.csv"]
+
+
+def test_hy_worldplay_pillows_warnings_stay_off_stderr(tmp_path):
+    """A palette image with its transparency in bytes makes Pillow warn as it is converted to
+    RGB (two lines on stderr); reading it is jbkv's, so the refusal of the next row is the only
+    line."""
+    palette = Image.new("P", (24, 16))
+    palette.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0] * 80)
+    palette.save(tmp_path / "p.png", transparency=bytes([0, 128, 255]))
+    image(tmp_path / "1.png")
+    cases = case_file(tmp_path, ["p.png,a house,w-7", "1.png,a lake,w-31"])
+    r = jbkv("generate", *TINY, "--cases", cases, "--out", "out", cwd=tmp_path)
+    one_line_error(r, 2, "has 32 latents")
+    assert not (tmp_path / "out").exists()

@@ -26,7 +26,9 @@ def refused(folder, row, needle, actions=None, **options):
 @pytest.mark.parametrize(
     ("row", "actions", "needle"),
     [
-        (("1.png", "a.json"), "not json", "not JSON"),
+        (("1.png", "a.json"), "not json", "invalid JSON"),
+        (("1.png", "a.json"), "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (("1.png", "a.json"), '{"keyboard": [[' + "9" * 5000 + "]]}", "too many digits"),
         (("1.png", "a.json"), '{"keyboard": [], "jump": 1}', "unknown key 'jump'"),
         (("1.png", "a.json"), "[1, 2]", "must be a JSON object"),
         (("1.png", None), None, "needs an actions file"),

@@ -78,6 +78,9 @@ BAD = [
     # the file format's other rules and the length limit are checked in-process
     # (test_matrix_game_actions.py: check_cases / check_options, what every command calls)
     ("1.png,a room,a.json", '{"keyboard": [[1, 0, 0, 0]]}', [], 2, "has 1 rows; the video has 33"),
+    # the bounded JSON reader (a RecursionError and a ValueError escaped json.loads)
+    ("1.png,a room,a.json", "[" * 100_000 + "]" * 100_000, [], 2, "nested too deeply"),
+    ("1.png,a room,a.json", '{"keyboard": [[' + "9" * 5000 + "]]}", [], 2, "too many digits"),
     (
         "1.png,a room,a.json",
         None,

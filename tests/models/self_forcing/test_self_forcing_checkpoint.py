@@ -436,3 +436,28 @@ def test_self_forcing_mapped_weights_compute_what_upstream_computes(
     diff = (got - expected).abs().max()
     print(f"t {t} start {start_frame}: max |diffusers - upstream| = {diff:.2e}")
     torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+
+
+def test_self_forcing_loads_without_library_chatter(tiny, weights_root, tmp_path):
+    """A base folder whose VAE is a ``.bin`` (diffusers falls back from safetensors to it) and
+    a UMT5 encoder (transformers draws its ``Loading weights`` bar): through the installed
+    ``jbkv``, stderr is jbkv's own progress and summary only. It held diffusers' two lines
+    ("An error occurred while trying to fetch …", "Defaulting to unsafe serialization …")
+    and transformers' bar."""
+    from tests.installed import run_jbkv
+
+    root = _copy(weights_root, tmp_path)
+    vae = root / comp.BASE_DIR / "vae"
+    for weights in vae.glob("*.safetensors"):
+        weights.unlink()
+    tiny.vae.save_pretrained(vae, safe_serialization=False)
+    assert list(vae.glob("*.bin"))
+    options = [x for k, v in SMALL.items() for x in ("-o", f"{k}={v}")]
+    r = run_jbkv(
+        "generate", "--model", "self-forcing", "-o", f"weights={root}", *options,
+        "--prompt", "a cat", "--bits", "2", "--out", "run", cwd=tmp_path, columns=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for chatter in ("unsafe serialization", "An error occurred", "Loading weights", "it/s]"):
+        assert chatter not in r.stderr, r.stderr
+    assert "videos generated" in r.stderr
