@@ -3,8 +3,10 @@
 For one example (``ids`` = prefix ``A`` + chunk ``B`` + 1 tokens):
 
 1. :func:`prefill_prefix` runs the prefix once, exactly (causal attention, full precision), and
-   keeps every layer's post-RoPE keys and values, plus the statistics of the queries that
-   attended over them (for QuantWM, which weighs key error by the queries that read it);
+   keeps every layer's post-RoPE keys and values, plus the statistics of its queries (for
+   QuantWM, which weighs key error by the queries of *earlier* chunks: the prefix is the
+   cache's first chunk, so it is stored with no history and its queries join the history
+   after it, App. C.3);
 2. :func:`chunk_nll`, per variant, stores that prefix through the variant's
    :class:`~jbkv_cli.kvcache.KVSpec` (:class:`~jbkv_cli.llm.hosting.JbkvLayer.commit`) and runs
    the chunk over it with jbkv attention (the prefix read through the variant's methods and
@@ -92,9 +94,9 @@ def prefill_prefix(model: PreTrainedModel, ids: torch.Tensor, queries: bool = Fa
     """Run ``ids [A]`` exactly; keep each layer's keys/values (and query statistics)."""
     start = time.perf_counter()
     cache = JbkvCache.for_model(model, FULL_PRECISION)
-    if queries:
+    if queries:  # the attention calls' queries collect here (JbkvLayer.attend)
         for layer in cache.layers:
-            layer.store.queries = QueryStats()
+            layer.store.pending = QueryStats()
     device = model.device
     _decoder(model)(input_ids=ids[None].to(device), cache=cache, use_cache=True)
     keys, values, stats = [], [], []
@@ -103,7 +105,7 @@ def prefill_prefix(model: PreTrainedModel, ids: torch.Tensor, queries: bool = Fa
             raise ValueError(f"layer {layer.layer_idx} of the model never updated its cache")
         keys.append(layer.current.k)
         values.append(layer.current.v)
-        stats.append(layer.store.queries)
+        stats.append(layer.store.pending)
     return Prefix(keys, values, stats, time.perf_counter() - start)
 
 
