@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from jbkv_cli.attention.diagnostics import AttentionRecorder
+from jbkv_cli.kvcache.coverage import counting
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.llm.hosting import JbkvCache
 from jbkv_cli.quant.queries import QueryStats
@@ -63,6 +64,7 @@ class ChunkResult:
     seconds: float
     diagnostics: dict[str, float | None] | None = None
     delta_ps: list[float] = field(default_factory=list)
+    compression: dict[str, int] | None = None  # token-rows held / compressed (kvcache/coverage)
 
     @property
     def mean(self) -> float:
@@ -146,10 +148,11 @@ def chunk_nll(
     if diagnostics and spec.quantized and spec.key is not None:
         recorder = AttentionRecorder(max_queries=DIAGNOSTIC_QUERIES, every=1, causal=True)
     cache = JbkvCache.for_model(model, spec, observer=recorder, backend=backend)
-    for layer, k, v, q in zip(
-        cache.layers, prefix.keys, prefix.values, prefix.queries, strict=True
-    ):
-        layer.commit(k, v, q)
+    with counting() as held:  # what the stored prefix holds compressed (a residual may not)
+        for layer, k, v, q in zip(
+            cache.layers, prefix.keys, prefix.values, prefix.queries, strict=True
+        ):
+            layer.commit(k, v, q)
     device = model.device
     positions = torch.arange(a, a + b, device=device)[None]
     hidden = _decoder(model)(
@@ -165,7 +168,8 @@ def chunk_nll(
         seconds -= recorder.seconds
         diag = recorder.summary()
         samples = [round(float(x), 6) for x in recorder.delta_ps()]
-    return ChunkResult(nll, cache.nbytes, seconds, diag, samples)
+    compression = None if held.empty else held.to_dict()
+    return ChunkResult(nll, cache.nbytes, seconds, diag, samples, compression)
 
 
 def score_example(
@@ -196,4 +200,5 @@ def summary(result: ChunkResult) -> dict[str, Any]:
         "kv_cache_bytes": int(result.kv_cache_bytes),
         "seconds": result.seconds,
         "diagnostics": result.diagnostics,
+        "compression": result.compression,
     }

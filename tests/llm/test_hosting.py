@@ -332,3 +332,18 @@ def test_quantwm_prefix_is_stored_with_no_history_then_its_queries_join():
         want = QUANTWM.key.quantize(k, "key", QueryStats()).dequantize()
         assert (_stored_key(layer, 0) - want).abs().max() <= 1e-6
         assert layer.store.queries.count == q.count and layer.store.pending.empty
+
+
+def test_the_record_says_how_much_of_the_prefix_was_stored_compressed():
+    """A 100-token prefix inside KIVI's 128-token residual is stored exact: its record says
+    nothing was compressed; INT2 rtn compresses every row (2 layers × 2 KV heads × 100 tokens
+    × keys and values); the reference records nothing."""
+    model = tiny_lm("llama")
+    hosting.host(model)
+    ids = _ids(140)
+    prefix = prefill_prefix(model, ids[:100])
+    kivi = chunk_nll(model, prefix, ids, KVSpec.build("kivi", 2, 32), diagnostics=False)
+    rtn = chunk_nll(model, prefix, ids, INT2, diagnostics=False)
+    assert kivi.compression["compressed"] == 0 and kivi.compression["held"] == 800
+    assert rtn.compression["compressed"] == rtn.compression["held"] == 800
+    assert chunk_nll(model, prefix, ids, FULL_PRECISION, diagnostics=False).compression is None
