@@ -541,6 +541,8 @@ def to_csv(rows: list[ResultRow]) -> str:
         "correction",
         "pruner",
         "kv_ratio",
+        "compressed_share",
+        "pruned_share",
     ]
     metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", "token_shift"]
     metrics += LP_METRICS
