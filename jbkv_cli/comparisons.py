@@ -1,7 +1,9 @@
 """The paired comparisons of a run beyond the correction gains, each with paired statistics.
 
 - **method vs method at matched bits**: among the full variants (keys and values stored, no
-  ablation) with the same bit width, correction and pruner, the one with the highest mean PSNR
+  ablation; no no-op, :mod:`jbkv_cli.kvcache.coverage`: a variant that compressed nothing is
+  not a method at that size) with the same bit width, correction and pruner, the one with the
+  highest mean PSNR
   is the group's best; every other variant of the group is compared with it, PSNR(variant) −
   PSNR(best) paired per video. The question answered: which methods are *not* distinguishable
   from the best one at this size.
@@ -53,7 +55,7 @@ def method_comparisons(
     variant and each other one's paired PSNR difference to it (module docstring)."""
     groups: dict[tuple[int, str, str], list[ResultRow]] = {}
     for r in rows:
-        if r.full and not r.is_reference and r.psnr is not None:
+        if r.full and not r.is_reference and r.psnr is not None and not r.no_op:
             groups.setdefault((r.bits, r.correction, r.pruner), []).append(r)
     out = []
     for (bits, correction, pruner), members in groups.items():

@@ -25,6 +25,7 @@ from jbkv_cli.cases import Case
 from jbkv_cli.console import visible
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.fingerprints import Fingerprint, expand, fingerprint
+from jbkv_cli.kvcache.coverage import counting
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metric_shards import merge_shards, save_scores
 from jbkv_cli.metrics.chunks import chunk_frames_of, first_chunk_frames_of
@@ -48,7 +49,7 @@ def build_matrix(
     bits: Iterable[int | BitPair],
     quantizers: Iterable[str],
     corrections: Iterable[str],
-    group_sizes: Iterable[int],
+    group_sizes: Iterable[int] | None,
     ablations: Iterable[str] = (),
     options: dict[str, dict[str, Any]] | None = None,
     pruners: Iterable[str] = ("none",),
@@ -60,13 +61,14 @@ def build_matrix(
     with plain widths). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
     {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
-    quantized combination (not the ablations).
+    quantized combination (not the ablations). ``group_sizes`` None: each method at its
+    source's (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`).
     """
     options = options or {}
     chosen = [None if p == "none" else build_pruner(p, **options.get(p, {})) for p in pruners]
     specs = [FULL_PRECISION, *(KVSpec(pruner=p) for p in chosen if p is not None)]
     for q in quantizers:
-        for g in group_sizes:
+        for g in group_sizes or [METHODS[q].default_group_size()]:
             for b in bits:
                 kb, vb = (b, b) if isinstance(b, int) else (b.key, b.value)
                 if any(w != 16 and w not in METHODS[q].SUPPORTED_BITS for w in (kb, vb)):
@@ -272,7 +274,7 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
     rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
-        with metering() as meter, cuda_peak() as peak:
+        with metering() as meter, cuda_peak() as peak, counting() as held:
             video = model.generate(case, seed, spec, progress=on_chunk, observer=rec)
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc
@@ -297,6 +299,9 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
         # allocator's peak over the video with what was resident before it (the weights)
         "working_bytes": meter.to_dict(),
         "cuda_memory": peak or None,
+        # token-rows the caches held after each commit and, of them, stored compressed (and
+        # before/after pruning): kvcache/coverage.py; None for a variant that stores all exact
+        "compression": None if held.empty else held.to_dict(),
     }
     if not case.prompt_only:
         record["case"] = case.to_dict() | ({"sha256": case.sha256} if case.sha256 else {})

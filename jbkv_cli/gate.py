@@ -11,7 +11,10 @@ passes only when it compared something real:
    read (``kv_working_bytes``, lower; its tolerance is relative, 0.05 = 5 % more than the
    baseline's). Metrics the baseline lacks (LPIPS without AlexNet weights, working bytes in a
    baseline made before they were recorded) are skipped and listed as such; each quantized
-   variant must have at least one metric compared.
+   variant must have at least one metric compared;
+4. no variant of the run is a no-op (its method compressed none of what its caches held, or
+   its pruner dropped nothing: :mod:`jbkv_cli.kvcache.coverage`), and none compressed a
+   smaller share of what it held than in the baseline (when the baseline records it).
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from typing import Any
 
 from jbkv_cli.errors import JbkvError, UsageError, shown
 from jbkv_cli.jsonio import read_json
-from jbkv_cli.results import ResultRow
+from jbkv_cli.results import ResultRow, percent
 
 TOLERANCES = {"psnr": 0.5, "ssim": 0.01, "lpips": 0.01, "delta_ps": 0.01}
 TOLERANCES["kv_working_bytes"] = 0.05  # relative
 HIGHER_IS_BETTER = {"psnr": True, "ssim": True, "lpips": False, "kv_working_bytes": False}
 _METRIC_KEYS = ("psnr", "ssim", "lpips", "delta_ps", "kv_working_bytes")
 _BYTES = ("kv_working_bytes",)  # plain ints on the row, compared relative to the baseline
+SHARE_SLACK = 1e-6  # compressed shares are ratios of integer counts: equal runs give equal ones
 
 
 @dataclass
@@ -165,10 +169,27 @@ def check_baseline(
         if not checked:
             problems.append(f"{vid}: no metric to compare (the baseline has none)")
         compared |= checked
+    problems += _coverage_problems(rows, base_rows)
     result.variants = len(set(rows) & set(base_rows))
     result.videos = len(videos)
     result.metrics = [m for m in _METRIC_KEYS if m in compared]
     return result
+
+
+def _coverage_problems(rows: dict[str, ResultRow], base_rows: dict[str, ResultRow]) -> list[str]:
+    """No-op variants, and variants compressing less of what they held than the baseline's."""
+    problems = [
+        f"{vid}: {rows[vid].compression_mark}: its row would read as compression that did "
+        "not happen"
+        for vid in sorted(rows)
+        if rows[vid].no_op
+    ]
+    for vid in sorted(set(rows) & set(base_rows)):
+        now, base = rows[vid].compressed_share, base_rows[vid].compressed_share
+        if base is not None and not rows[vid].no_op and (now is None or now < base - SHARE_SLACK):
+            shown = "not recorded" if now is None else percent(now)
+            problems.append(f"{vid}: compressed {shown} of what it held, baseline {percent(base)}")
+    return problems
 
 
 def _count(vid: str, made: int, scored: int | None, want: int) -> str:

@@ -180,7 +180,8 @@ def _table(rows: list[ResultRow]) -> str:
             cls = f' class="{" ".join(classes)}"' if classes else ""
             cell = _bdi(text) if c in text_cols else _e(text)  # text cells are user text
             tds.append(f'<td{cls} data-sort="{_e("" if key is None else key)}">{cell}</td>')
-        ref = ' class="reference"' if r.is_reference else ""
+        kind = "reference" if r.is_reference else ("noop" if r.no_op else "")
+        ref = f' class="{kind}"' if kind else ""  # noop: compressed nothing (kvcache/coverage.py)
         lines.append(f'<tr{ref} data-variant="{_e(r.variant)}">{"".join(tds)}</tr>')
     return (
         '<table class="sortable" id="variants">\n'

@@ -23,6 +23,7 @@ from jbkv_cli.console import plain
 from jbkv_cli.errors import JbkvError
 from jbkv_cli.frontier import frontiers
 from jbkv_cli.jsonio import read_json
+from jbkv_cli.kvcache.coverage import Coverage, compressed_share, pruned_share
 from jbkv_cli.memory_report import bias_share_by_layer, memory_fields
 from jbkv_cli.metrics.paired import paired_summary, with_holm
 from jbkv_cli.results import ResultRow, Stat
@@ -141,9 +142,29 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 working_ratio=working / ref_working if working and ref_working else None,
                 **{m: Stat.of([d.get(m) for d in diag]) for m in ERROR_METRICS},
                 bias_share_by_layer=bias_share_by_layer(records),
+                **_coverage(spec, records),
             )
         )
     return rows
+
+
+def _coverage(spec, records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``compressed_share`` (a variant whose method stores the cache) and ``pruned_share`` (a
+    pruned one) over its videos, token-rows summed (:mod:`jbkv_cli.kvcache.coverage`); None
+    where the variant claims neither or no record says (runs made before jbkv recorded it). A
+    record with ``compression: null`` held nothing: that variant compressed nothing."""
+    out: dict[str, float | None] = {"compressed_share": None, "pruned_share": None}
+    said = [r for r in records if "compression" in r]
+    if not said:
+        return out
+    total = Coverage()
+    for r in said:
+        total.add(Coverage.from_dict(r["compression"]) or Coverage())
+    if spec.quantized:
+        out["compressed_share"] = compressed_share(total.held, total.compressed) or 0.0
+    if spec.pruner is not None:
+        out["pruned_share"] = pruned_share(total.unpruned, total.kept) or 0.0
+    return out
 
 
 def _noise_ratio(diag: dict[str, Any]) -> float | None:
@@ -372,8 +393,9 @@ def table_cells(
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
         scheme += "" if r.pruner == "none" else f" + {r.pruner}"
         lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
+        mark = r.compression_mark
         full = {
-            "variant": r.label,
+            "variant": r.label + (f" [{mark}]" if mark else ""),
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
             "bits": str(round(eff / r.kv_ratio)) if unquantized else _bits_cell(r),
             "eff. bits": "—" if eff is None else f"{eff:.3f}",
@@ -519,6 +541,8 @@ def to_csv(rows: list[ResultRow]) -> str:
         "correction",
         "pruner",
         "kv_ratio",
+        "compressed_share",
+        "pruned_share",
     ]
     metrics = ["psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "seconds", "token_shift"]
     metrics += LP_METRICS

@@ -113,10 +113,44 @@ class ResultRow:
     attn_err_quant: Stat | None = None
     attn_err_bias: Stat | None = None
     bias_share_by_layer: dict[str, Any] | None = None
+    # of the token-rows the caches held after each commit, the share stored compressed, and
+    # the share of rows a pruner dropped (kvcache/coverage.py); None: not recorded (old runs)
+    compressed_share: float | None = None
+    pruned_share: float | None = None
 
     @property
     def is_reference(self) -> bool:
         return self.variant in REFERENCE_IDS
+
+    @property
+    def claims_compression(self) -> bool:
+        """The label names a method storing cached keys or values (not the bias-only ablation,
+        which keeps the cache exact by design)."""
+        return self.quantizer != "none" and not self.bias_only
+
+    @property
+    def no_op(self) -> bool:
+        """It compressed nothing its label claims: its method stored no held row compressed,
+        or its pruner dropped no token."""
+        return (self.claims_compression and self.compressed_share == 0) or (
+            self.pruner != "none" and self.pruned_share == 0
+        )
+
+    @property
+    def compression_mark(self) -> str | None:
+        """What the row must say about compression it did not do: ``no-op: nothing
+        compressed`` / ``nothing pruned``, or ``compressed 62%`` when part of what its caches
+        held stayed exact (sinks, residual tails, chunks waiting for a span); None when all of
+        it was compressed or nothing was recorded."""
+        marks = []
+        share = self.compressed_share
+        if self.claims_compression and share is not None and share < 1:
+            marks.append(
+                "no-op: nothing compressed" if share == 0 else f"compressed {percent(share)}"
+            )
+        if self.pruner != "none" and self.pruned_share == 0:
+            marks.append("no-op: nothing pruned")
+        return "; ".join(marks) or None
 
     @property
     def full(self) -> bool:
@@ -128,10 +162,12 @@ class ResultRow:
         return None if stat is None else stat.mean
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields, and ``compression_mark`` (derived; read back from the shares)."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
             out[f.name] = value.to_dict() if isinstance(value, Stat) else value
+        out["compression_mark"] = self.compression_mark
         return out
 
     @classmethod
@@ -162,9 +198,19 @@ class ResultRow:
         for key in ("kv_working_bytes", "cuda_peak_bytes", "cuda_resident_bytes"):
             kw[key] = kw[key] if type(kw[key]) is int else None
         kw["working_ratio"] = kw["working_ratio"] if _finite(kw["working_ratio"]) else None
+        for key in ("compressed_share", "pruned_share"):
+            kw[key] = float(kw[key]) if _finite(kw[key]) and 0 <= kw[key] <= 1 else None
         by_layer = kw["bias_share_by_layer"]
         kw["bias_share_by_layer"] = by_layer if isinstance(by_layer, dict) else None
         return cls(**kw)
+
+
+def percent(share: float) -> str:
+    """``0.625`` -> ``62.5%``, rounded down to 0.1% (never 100% below 1, never 0% above 0)."""
+    if 0 < share < 0.001:
+        return "<0.1%"
+    tenths = math.floor(share * 1000 + 1e-9)
+    return f"{(min(tenths, 999) if share < 1 else tenths) / 10:g}%"
 
 
 def _finite(x: Any) -> bool:

@@ -149,7 +149,26 @@ def _optional_record_fields(data: dict[str, Any]) -> str | None:
     samples = data.get("delta_ps_samples")
     if samples is not None and not _numbers(samples, -1.0 - _SLACK, 1.0 + _SLACK):
         return _bad("delta_ps_samples", "a list of numbers in [-1, 1]", samples)
-    return _memory_problem(data) or _info_problem(data.get("info"))
+    return (
+        _memory_problem(data)
+        or _compression_problem(data.get("compression"))
+        or _info_problem(data.get("info"))
+    )
+
+
+def _compression_problem(held: Any) -> str | None:
+    """``compression`` (kvcache/coverage.py): null, or token-row counts."""
+    if held is None:
+        return None
+    if not isinstance(held, dict):
+        return _bad("compression", "an object or null", held)
+    for key, value in held.items():
+        if not _integer(value, 0, MAX_INT):
+            return _bad(f"compression.{key}", "a count of token-rows", value)
+    ok = held.get("compressed", 0) <= held.get("held", 0) and held.get("kept", 0) <= held.get(
+        "unpruned", 0
+    )
+    return None if ok else _bad("compression", "compressed <= held and kept <= unpruned", held)
 
 
 _WORKING_INTS = ("read", "view", "attend", "with_diagnostics", "diagnostics", "reads")

@@ -122,6 +122,47 @@ def test_lpips_missing_in_the_run_but_present_in_the_baseline_fails():
     assert gate.problems == ["int4-rtn-g32: lpips missing (baseline 0.0100)"]
 
 
+def _shares(result: dict, **rows: dict) -> dict:
+    """``result`` with fields set on rows by variant (underscores for dashes)."""
+    data = copy.deepcopy(result)
+    for row in data["rows"]:
+        row.update(rows.get(row["variant"].replace("-", "_"), {}))
+    return data
+
+
+def test_a_no_op_variant_fails_even_against_a_baseline_with_the_same_no_op():
+    """A variant whose method compressed none of what its caches held, or whose pruner dropped
+    nothing, fails the gate by its mark: its row would read as compression that did not
+    happen (kvcache/coverage.py)."""
+    noop = _shares(RESULT, int2_rtn_g32={"quantizer": "qvg", "compressed_share": 0.0})
+    gate = check_baseline(noop, noop, TOL)
+    assert gate.problems == [
+        "int2-rtn-g32: no-op: nothing compressed: its row would read as compression that did "
+        "not happen"
+    ]
+    unpruned = _shares(
+        RESULT,
+        int4_rtn_g32={"quantizer": "rtn", "compressed_share": 1.0},
+        int2_rtn_g32={"pruner": "forcing-kv", "pruned_share": 0.0, "compressed_share": 1.0},
+    )
+    assert [p.split(":")[:2] for p in check_baseline(unpruned, unpruned, TOL).problems] == [
+        ["int2-rtn-g32", " no-op"]
+    ]
+    bias_only = _shares(RESULT, int2_rtn_g32={"bias_only": True, "compressed_share": None})
+    assert check_baseline(bias_only, bias_only, TOL).passed  # exact by design: not a no-op
+
+
+def test_compressing_less_of_the_cache_than_the_baseline_fails():
+    full = _shares(RESULT, int2_rtn_g32={"quantizer": "kivi", "compressed_share": 0.75})
+    less = _shares(RESULT, int2_rtn_g32={"quantizer": "kivi", "compressed_share": 0.5})
+    assert check_baseline(full, full, TOL).passed
+    assert check_baseline(less, full, TOL).problems == [
+        "int2-rtn-g32: compressed 50% of what it held, baseline 75%"
+    ]
+    assert check_baseline(full, less, TOL).passed  # more than the baseline: fine
+    assert check_baseline(less, RESULT, TOL).passed  # a baseline made before it was recorded
+
+
 def test_within_tolerance_passes():
     better_baseline = _changed(
         rows=[

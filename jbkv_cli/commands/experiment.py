@@ -34,6 +34,7 @@ from jbkv_cli.experiment import (
     score_fidelity,
 )
 from jbkv_cli.gate import check_baseline, load_baseline, parse_tolerances
+from jbkv_cli.kvcache.coverage import noop_reason
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
@@ -64,7 +65,10 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
             try:
                 method.check(head_dim)
             except ValueError as exc:
-                raise UsageError(f"{method.label} on {model.name}: {exc}") from None
+                hint = ""
+                if method.group_size == method.default_group_size():
+                    hint = f" (g{method.group_size} is {method.name}'s default: give --group-size)"
+                raise UsageError(f"{method.label} on {model.name}: {exc}{hint}") from None
 
 
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
@@ -126,6 +130,36 @@ def _fitting_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     return kept
 
 
+def _geometry(settings: dict[str, Any]) -> tuple[int, int | None, int | None] | None:
+    """Upper bounds on a video's cache commits and held chunks, and the tokens per commit
+    (None: unknown), from a model's settings: ``num_chunks`` (× ``chunk_frames /
+    commit_frames`` where a model commits frame by frame), ``window``, ``tokens_per_chunk``."""
+    chunks = settings.get("num_chunks")
+    if type(chunks) is not int:
+        return None
+    frames, commit = settings.get("chunk_frames"), settings.get("commit_frames")
+    if type(frames) is int and type(commit) is int and 0 < commit <= frames:
+        chunks *= frames // commit
+    window, tokens = settings.get("window"), settings.get("tokens_per_chunk")
+    return chunks, window if type(window) is int else None, tokens if type(tokens) is int else None
+
+
+def _warn_noops(model: VideoModel, specs: list[KVSpec]) -> None:
+    """One stderr line per variant whose cache policy compresses nothing in this model's
+    videos (:func:`~jbkv_cli.kvcache.coverage.noop_reason`), before anything is generated."""
+    geometry = _geometry(model.settings)
+    if geometry is None or not distributed.is_main():
+        return
+    for spec in specs:
+        methods = dict.fromkeys(m for m in (spec.key, spec.value) if m is not None)
+        why = [noop_reason(m, *geometry, spec.sink_chunks) for m in methods if spec.quantized]
+        if why and all(why):
+            warn(
+                f"{spec.label} on {model.name} will compress nothing: {why[0]}; its row will "
+                "be marked no-op"
+            )
+
+
 def _summary_line(summary, run: RunDir) -> None:
     rest = (
         f" videos generated, {summary.skipped} already done · "
@@ -176,6 +210,7 @@ def generate(
     problem = _prune_problem(m, spec)
     if problem:
         raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
+    _warn_noops(m, [spec])
     run = open_run(root, model, m.settings, files)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
@@ -244,6 +279,7 @@ def quantize_eval(
         model_specs = _fitting_specs(m, model_specs) if sweep.frontier else model_specs
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
+        _warn_noops(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings, files[name])
         scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made

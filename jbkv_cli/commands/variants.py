@@ -28,9 +28,10 @@ from jbkv_cli.experiment import ABLATIONS, build_matrix
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.prune.registry import build_pruner, pruner_names
-from jbkv_cli.quant.registry import method_names
+from jbkv_cli.quant.registry import METHODS, method_names
 
-DEFAULT_GRID = {"bits": "2,4", "group_sizes": "32", "quantizers": "rtn,quarot"}
+DEFAULT_GRID = {"bits": "2,4", "group_sizes": None, "quantizers": "rtn,quarot"}  # None: each
+# method's own group size (KVMethod.default_group_size: 32, QVG and QuantWM 64)
 FRONTIER = {"bits": "2,3,4", "group_sizes": "16,32,64,128", "quantizers": "all"}
 
 
@@ -96,8 +97,14 @@ class CacheFlags(OptionGroup):
         str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")
     ] = "rtn"
     group_size: Annotated[
-        int, typer.Option("--group-size", "-g", help="Group size of the method (channels).")
-    ] = 32
+        int | None,
+        typer.Option(
+            "--group-size",
+            "-g",
+            help="Group size of the method (channels) [default: the method's source's: 32; "
+            "qvg and quantwm 64].",
+        ),
+    ] = None
     method_option: MethodOptionOpt = None
     pruner: Annotated[
         str,
@@ -138,17 +145,18 @@ class CacheFlags(OptionGroup):
             )
         if ablation == "bias-only" and correct:
             raise UsageError("--ablation bias-only adds the bias; it cannot be --correct-ed")
-        if self.group_size < 1:
+        if self.group_size is not None and self.group_size < 1:
             raise UsageError(
                 f"--group-size must be a positive channel count, got {self.group_size}"
             )
         if pair.key == pair.value == 16:
             return FULL_PRECISION if pruner is None else KVSpec(pruner=pruner)
         kw = ABLATIONS.get(ablation or "", {}) | options.get(self.quantizer, {})
+        group = self.group_size or METHODS[self.quantizer].default_group_size()
         return build_spec(
             self.quantizer,
             pair.key,
-            self.group_size,
+            group,
             self.correction if correct else "none",
             pruner=pruner,
             value_bits=pair.value,
@@ -171,7 +179,11 @@ class SweepFlags(OptionGroup):
     ] = None
     group_sizes: Annotated[
         str | None,
-        typer.Option("--group-sizes", help="Group sizes [default: 32; --frontier: 16,32,64,128]."),
+        typer.Option(
+            "--group-sizes",
+            help="Group sizes [default: each method's source's, 32 (qvg, quantwm: 64); "
+            "--frontier: 16,32,64,128].",
+        ),
     ] = None
     quantizers: Annotated[
         str | None,
@@ -213,7 +225,8 @@ class SweepFlags(OptionGroup):
         """Every variant of the grid (the reference first); a bad list is a usage error."""
         sweep = FRONTIER if self.frontier else DEFAULT_GRID
         bit_list = parse_bit_list(self.bits or sweep["bits"])
-        groups = parse_group_sizes(self.group_sizes or sweep["group_sizes"])
+        chosen = self.group_sizes or sweep["group_sizes"]
+        groups = None if chosen is None else parse_group_sizes(chosen)
         names = method_names()
         quantizers = self.quantizers or sweep["quantizers"]
         quant_list = (

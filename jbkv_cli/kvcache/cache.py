@@ -24,6 +24,9 @@ What it does, in order:
   denoising and refresh queries) into ``queries``. The first chunk is stored with no history.
 
 ``nbytes`` is what the stored tensors hold (codes, steps, zero points, centroids, exact tokens).
+``coverage()`` counts the token-rows held and, of them, stored compressed; under
+:func:`~jbkv_cli.kvcache.coverage.counting` every commit adds it to the active count
+(:mod:`jbkv_cli.kvcache.coverage`: a variant that compresses nothing shows as such).
 
 **Spans** (QuantVideoGen's policy, :mod:`jbkv_cli.kvcache.spans`). A method whose
 ``cache_policy()`` is not per chunk keeps finished chunks exact until their span is due, then
@@ -57,6 +60,8 @@ import torch
 
 from jbkv_cli.attention.attend import CachedKV, attend
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.kvcache import coverage
+from jbkv_cli.kvcache.coverage import Coverage
 from jbkv_cli.kvcache.pruned import PrunedChunk
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spans import Span, SpanSlice, held_spans, span_members
@@ -247,6 +252,9 @@ class ChunkKVCache:
         if self.pruning is not None and self.nbytes >= self.peak_nbytes:
             self.peak_by_kind = self.nbytes_by_kind()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+        meter = coverage.active()
+        if meter is not None and (self.spec.quantized or self.pruning is not None):
+            meter.add(self.coverage())
 
     def _compress_spans(self) -> None:
         """Compress the span that is due now, per role (module docstring, **Spans**); under the
@@ -349,6 +357,33 @@ class ChunkKVCache:
         if self.pruning is not None:
             for kind, held in self.pruning.nbytes_by_kind().items():
                 out[kind] = out.get(kind, 0) + held
+        return out
+
+    def coverage(self) -> Coverage:
+        """What the cache holds now, in token-rows (:mod:`jbkv_cli.kvcache.coverage`): rows of
+        the sides a method stores, those stored compressed (not raw: sinks, residual tails and
+        chunks waiting for their span are not), and the pruned chunks' rows before and after
+        pruning."""
+        out = Coverage()
+        if self._layout is None:
+            return out
+        rows = self._layout[0] * self._layout[1]  # batch rows × KV heads
+        roles = [r for r in ROLES if self._method(r) is not None]
+        for c in self.chunks:
+            if c.pruned is not None:  # every kept token stored by the methods
+                kept = c.pruned.num_kept
+                out.unpruned += rows * c.length
+                out.kept += kept
+                out.held += kept * len(roles)
+                out.compressed += kept * len(roles)
+                continue
+            for role in roles:
+                side = c.sides[role]
+                out.held += rows * side.tail_len
+                for part in side.parts:
+                    n = rows * part.shape[-2]
+                    out.held += n
+                    out.compressed += 0 if isinstance(part, RawTensor) else n
         return out
 
     @property

@@ -153,6 +153,11 @@ class PrunedChunk:
         return valid.to(self.device)
 
     @property
+    def num_kept(self) -> int:
+        """Tokens held over every (batch row, KV head)."""
+        return sum(len(lane.index) for row in self.lanes for lane in row)
+
+    @property
     def nbytes(self) -> int:
         return sum(lane.nbytes for row in self.lanes for lane in row)
 

@@ -64,9 +64,10 @@ class JbkvLayer(CacheLayerMixin):
     """One decoder layer's KV cache: earlier chunks stored through ``spec``, the current exact.
 
     ``observer``: an :class:`~jbkv_cli.attention.AttentionObserver` fed every attention call that
-    reads a quantized cache (the cache then keeps full-precision copies for it). ``queries``:
-    the layer's query statistics for a method that ``needs_queries`` (QuantWM), updated with
-    every query attended with, before the next commit (strictly causal).
+    reads a quantized cache (the cache then keeps full-precision copies for it). For a method
+    that ``needs_queries`` (QuantWM) the queries of each chunk go to the cache's ``pending``
+    statistics and join its history only once the chunk itself is stored (the cache's commit
+    protocol, App. C.3: a chunk is quantized with the queries of earlier chunks only).
     """
 
     is_compileable = False
@@ -137,14 +138,17 @@ class JbkvLayer(CacheLayerMixin):
             self.current = None
 
     def commit(self, k: torch.Tensor, v: torch.Tensor, queries: QueryStats | None = None) -> None:
-        """Store a prefix computed elsewhere (its exact post-RoPE ``k``, ``v``), as ``update``
-        would have after attention read it; ``queries``: the statistics of the queries that
-        attended over it (for QuantWM), so storing stays strictly causal."""
+        """Store a prefix computed elsewhere (its exact post-RoPE ``k``, ``v``) as one chunk, as
+        ``update`` would have after attention read it; ``queries``: the statistics of that
+        chunk's own queries (for QuantWM). They are pending, as ``attend`` leaves them: the
+        chunk is stored with the history of earlier chunks only (none in a fresh cache) and its
+        queries join the history after it (App. C.3)."""
         if not self.is_initialized:
             self.lazy_initialization(k, v)
         self.flush()
-        if queries is not None and self.store.queries is not None:
-            self.store.queries = QueryStats(queries.moment.clone(), queries.count)
+        if queries is not None and self.store.pending is not None:
+            self.store.pending = QueryStats()
+            self.store.pending.absorb(queries)
         self.store.commit(k, v)
 
     @property
@@ -167,8 +171,8 @@ class JbkvLayer(CacheLayerMixin):
             backend=self.backend,
             causal=True,
         )
-        if self.store.queries is not None:
-            self.store.queries.update(query, chunk.k.shape[-3])
+        if self.store.pending is not None:  # history once this chunk is stored (commit)
+            self.store.pending.update(query, chunk.k.shape[-3])
         self.calls += 1
         obs = self.observer
         if (

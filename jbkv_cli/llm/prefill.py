@@ -3,8 +3,10 @@
 For one example (``ids`` = prefix ``A`` + chunk ``B`` + 1 tokens):
 
 1. :func:`prefill_prefix` runs the prefix once, exactly (causal attention, full precision), and
-   keeps every layer's post-RoPE keys and values, plus the statistics of the queries that
-   attended over them (for QuantWM, which weighs key error by the queries that read it);
+   keeps every layer's post-RoPE keys and values, plus the statistics of its queries (for
+   QuantWM, which weighs key error by the queries of *earlier* chunks: the prefix is the
+   cache's first chunk, so it is stored with no history and its queries join the history
+   after it, App. C.3);
 2. :func:`chunk_nll`, per variant, stores that prefix through the variant's
    :class:`~jbkv_cli.kvcache.KVSpec` (:class:`~jbkv_cli.llm.hosting.JbkvLayer.commit`) and runs
    the chunk over it with jbkv attention (the prefix read through the variant's methods and
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from jbkv_cli.attention.diagnostics import AttentionRecorder
+from jbkv_cli.kvcache.coverage import counting
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.llm.hosting import JbkvCache
 from jbkv_cli.quant.queries import QueryStats
@@ -61,6 +64,7 @@ class ChunkResult:
     seconds: float
     diagnostics: dict[str, float | None] | None = None
     delta_ps: list[float] = field(default_factory=list)
+    compression: dict[str, int] | None = None  # token-rows held / compressed (kvcache/coverage)
 
     @property
     def mean(self) -> float:
@@ -92,9 +96,9 @@ def prefill_prefix(model: PreTrainedModel, ids: torch.Tensor, queries: bool = Fa
     """Run ``ids [A]`` exactly; keep each layer's keys/values (and query statistics)."""
     start = time.perf_counter()
     cache = JbkvCache.for_model(model, FULL_PRECISION)
-    if queries:
+    if queries:  # the attention calls' queries collect here (JbkvLayer.attend)
         for layer in cache.layers:
-            layer.store.queries = QueryStats()
+            layer.store.pending = QueryStats()
     device = model.device
     _decoder(model)(input_ids=ids[None].to(device), cache=cache, use_cache=True)
     keys, values, stats = [], [], []
@@ -103,7 +107,7 @@ def prefill_prefix(model: PreTrainedModel, ids: torch.Tensor, queries: bool = Fa
             raise ValueError(f"layer {layer.layer_idx} of the model never updated its cache")
         keys.append(layer.current.k)
         values.append(layer.current.v)
-        stats.append(layer.store.queries)
+        stats.append(layer.store.pending)
     return Prefix(keys, values, stats, time.perf_counter() - start)
 
 
@@ -144,10 +148,11 @@ def chunk_nll(
     if diagnostics and spec.quantized and spec.key is not None:
         recorder = AttentionRecorder(max_queries=DIAGNOSTIC_QUERIES, every=1, causal=True)
     cache = JbkvCache.for_model(model, spec, observer=recorder, backend=backend)
-    for layer, k, v, q in zip(
-        cache.layers, prefix.keys, prefix.values, prefix.queries, strict=True
-    ):
-        layer.commit(k, v, q)
+    with counting() as held:  # what the stored prefix holds compressed (a residual may not)
+        for layer, k, v, q in zip(
+            cache.layers, prefix.keys, prefix.values, prefix.queries, strict=True
+        ):
+            layer.commit(k, v, q)
     device = model.device
     positions = torch.arange(a, a + b, device=device)[None]
     hidden = _decoder(model)(
@@ -163,7 +168,8 @@ def chunk_nll(
         seconds -= recorder.seconds
         diag = recorder.summary()
         samples = [round(float(x), 6) for x in recorder.delta_ps()]
-    return ChunkResult(nll, cache.nbytes, seconds, diag, samples)
+    compression = None if held.empty else held.to_dict()
+    return ChunkResult(nll, cache.nbytes, seconds, diag, samples, compression)
 
 
 def score_example(
@@ -194,4 +200,5 @@ def summary(result: ChunkResult) -> dict[str, Any]:
         "kv_cache_bytes": int(result.kv_cache_bytes),
         "seconds": result.seconds,
         "diagnostics": result.diagnostics,
+        "compression": result.compression,
     }

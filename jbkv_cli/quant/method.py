@@ -78,6 +78,12 @@ class KVMethod:
                 f"got {self.bits}"
             )
 
+    @classmethod
+    def default_group_size(cls) -> int:
+        """The group size the method's source runs, its ``group_size`` field's default (32;
+        QVG and QuantWM 64): what a command uses when the user gives none."""
+        return next(f.default for f in fields(cls) if f.name == "group_size")
+
     # --- what subclasses provide -----------------------------------------------------------
 
     def _quantize(self, x: torch.Tensor, role: Role) -> QuantizedTensor:

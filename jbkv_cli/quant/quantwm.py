@@ -30,11 +30,13 @@ first chunk gets uniform channel sensitivity (``w_c = 1``) and no PSAC; a chunk'
 keeps that protocol (:class:`~jbkv_cli.kvcache.ChunkKVCache`: the queries since the last
 commit wait in a pending buffer until the next commit has stored its chunk).
 
-**Ablations** (Table 5, whose baseline row "without QSAC, without PSAC" is QVG as the paper
-describes it, i.e. with this affine residual): ``quantwm-qsac`` (QSAC, no PSAC),
-``quantwm-psac`` (Euclidean k-means keys + PSAC) and ``quantwm-base`` (neither: that baseline
-row). jbkv's ``qvg`` follows QVG's *code*, whose residual is symmetric with FP8 scales, so it is
-not Table 5's first row; pair the ablations against ``quantwm-base``.
+**Ablations** (Table 5): ``quantwm-qsac`` (QSAC, no PSAC) and ``quantwm-psac`` (Euclidean
+k-means keys + PSAC). Table 5's baseline row "without QSAC, without PSAC" equals the paper's
+QVG row (Table 3; QuantWM ran its baselines from their official repositories), so the literal
+Table 5 baseline is QVG as its code runs it: jbkv's ``qvg`` at g = 64 (symmetric residual, FP8
+scales). ``quantwm-base`` (neither technique, this affine format) is jbkv's own control, not a
+row of the paper: against it an ablation's gain is QSAC's or PSAC's alone, against ``qvg`` the
+technique's and the format's together.
 
 **jbkv's own addition — PSAC steps calibrated on the query history (not the paper's).** The
 Jensen-bias correction reads each cached token's rounding steps ``Δ``. Rows PSAC keeps report
@@ -67,8 +69,9 @@ What remains different from the paper, or is jbkv's choice where the text read i
    least ``16·K`` tokens (Self-Forcing's 4,680 per chunk); below that, where ``K = 256`` would
    store (nearly) every token as its own centroid, ``K_eff = min(K, L // tokens_per_centroid)``
    (64: the embedded model's 256-token chunks get 4 centroids, and its rows say so).
-7. **Group size**: the run's ``--group-sizes`` sets ``g`` like every method's (the grid's
-   default is 32); the paper's setting is ``--group-sizes 64``.
+7. **Group size**: ``g = 64``, the paper's, is the method's default
+   (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`); a run's ``--group-sizes``
+   sets another, as for every method.
 8. **Scope**: one codebook per chunk (the text read names no multi-chunk span); plain PyTorch,
    no kernels; the stored tensor is not token-prunable; keys cached post-RoPE.
 9. **The token-selection shift** (Table 4's metric, :mod:`jbkv_cli.attention.diagnostics`) is

@@ -70,10 +70,15 @@ lines in :mod:`~jbkv_cli.quant.qvg_policy`):
 - ``layout``: ``pre-rope`` caches keys before RoPE and rotates them on read at their stored
   positions (upstream's Self-Forcing integration); the correction then follows the rotated
   noise (:mod:`jbkv_cli.attention.rope`: unchanged for QVG's blocks of whole RoPE pairs).
-- None (the defaults) means "as upstream runs the model" (:meth:`QVG.for_model`: Self-Forcing
-  N = 8, pre-RoPE; models without a QVG script LingBot-v2's 1/1/1, post-RoPE); where nothing
-  is filled in (the embedded model, direct use), every chunk is quantized at its commit,
-  post-RoPE, every sink kept.
+- None (the defaults) means "as upstream runs the model" (:meth:`QVG.for_model`, per model in
+  :data:`~jbkv_cli.quant.qvg_policy.INTEGRATIONS`: Self-Forcing N = 8, pre-RoPE; HY-WorldPlay
+  N = 2, post-RoPE, on its rebuilt memory; Matrix-Game-2.0 per chunk, ``N1``, jbkv's choice
+  for caches of one finished chunk; LongLive, SkyReels-V2, MAGI-1 and Rolling Forcing, which
+  have no QVG script, LingBot-v2's 1/1/1, post-RoPE); where nothing is filled in (the embedded
+  model, direct use), every chunk is quantized at its commit, post-RoPE, every sink kept. How
+  much of the cache a policy really quantized is measured per run
+  (:mod:`jbkv_cli.kvcache.coverage`): Self-Forcing's N = 8 quantizes nothing in a video of
+  fewer than 9 chunks, and its rows say so.
 - Differences: jbkv stores a chunk's clean (t = 0) keys and values once, at its commit; upstream
   writes the noisy ones of every step into the chunk's slot before the clean pass overwrites
   them. jbkv's cache holds the current chunk outside the cache; upstream's ``local_attn_size``

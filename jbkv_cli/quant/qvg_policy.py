@@ -10,8 +10,14 @@ Read at ``svg-project/Quant-VideoGen@0601468f`` (``QVG`` = that repository):
   ``experiments/Self-Forcing/wan/modules/causal_model.py:272–313`` (``attn_kv_cache_prerope``,
   called at l.352): the key is written *before* RoPE (l.296), and every read rotates all cached
   keys (l.301–306, ``causal_rope_apply_long_input``: chunk ``j`` at frames ``j·f``, l.82–101).
-- **HY-WorldPlay**: ``experiments/HY-WorldPlay/wan/inference/pipeline_wan_w_mem_relative_rope.py
-  :1164–1169`` — ``QUANT_FACTOR = 2``, post-RoPE keys. jbkv has no HY-WorldPlay adapter.
+- **HY-WorldPlay** (``scripts/HY-WorldPlay/run_qvg.sh``: K = 256, 2 iterations, B = 64, 1
+  stage, 12 chunks, on HY-WorldPlay's Wan pipeline, WorldPlay-5B):
+  ``experiments/HY-WorldPlay/wan/inference/pipeline_wan_w_mem_relative_rope.py:1164–1169`` —
+  ``QUANT_FACTOR = 2``; before chunk ``c`` with ``c ≥ 2`` and ``c % 2 == 0`` the tokens of
+  chunks ``[c−2, c)`` are quantized together (one codebook), after that chunk's cache pass;
+  the cache is append-only (``models/dits/arwan_w_action_w_mem_relative_rope.py:178–184``
+  writes only the new frames' keys, after RoPE, l.122). Its HunyuanVideo-1.5 pipeline (the 8B
+  model jbkv runs) quantizes no KV cache.
 - **LingBot-v2** (``scripts/LingBot-v2/run_qvg.sh``: ``quant_factor=1``,
   ``keep_recent_chunks=1``, ``sink_keep_chunks=1``; ``experiments/LingBot-v2/README.md``
   recommends both guards): ``experiments/LingBot-v2/wan/image2video.py:692–755`` — before chunk
@@ -30,6 +36,19 @@ jbkv's models (:data:`INTEGRATIONS`, looked up as ``model:config`` then ``model`
   quantization is before chunk 8), so the cache stays 16-bit and counts as such: upstream's
   script generates 60 chunks with no eviction; run ``num_chunks ≥ 9`` (and ``window ≥ 8``
   to hold a whole span) to see QVG compress.
+- ``hy-worldplay`` (WorldPlay-8B): the HY-WorldPlay integration's rule, N = 2, post-RoPE keys,
+  applied to jbkv's memory caches, whose commits are one per chunk (the memory pass). They
+  differ from upstream's append-only cache: the 8B model's memory is rebuilt from clean latents
+  every chunk and each cache holds one commit (window 1), so memory commits 1, 3, 5, … are
+  quantized (one codebook over that commit and the one before it, held whole) and commits 0,
+  2, 4, … are read 16-bit — as upstream's rule leaves a rebuilt cache exact on odd chunks. The
+  rows' compressed share says how much was quantized.
+- ``matrix-game-2`` (Matrix-Game-2.0, no QVG script): per chunk, jbkv's choice, stated as ``N1``: each finished
+  chunk quantized alone at its commit, post-RoPE. Its caches hold one finished chunk (local
+  attention 6 frames = the current chunk and one more; GTA: one frame), so LingBot-v2's
+  keep-recent guard would evict every chunk the moment it is quantized and spans of N ≥ 2
+  would leave every other chunk 16-bit: only per-chunk quantization lets attention read a
+  quantized cache.
 - ``self-forcing:longlive``, ``skyreels-v2``, ``magi1``, ``rolling-forcing`` have no QVG script. They get
   LingBot-v2's policy (per chunk, keep the newest chunk and the first sink chunk BF16,
   post-RoPE): it is upstream's newest integration and the one written for a streaming model
@@ -76,8 +95,21 @@ LINGBOT_V2 = Integration(
     "post-rope",
     "QVG@0601468f scripts/LingBot-v2/run_qvg.sh, experiments/LingBot-v2/wan/image2video.py:692-755",
 )
+HY_WORLDPLAY = Integration(
+    2,
+    0,
+    0,
+    "post-rope",
+    "QVG@0601468f experiments/HY-WorldPlay/wan/inference/pipeline_wan_w_mem_relative_rope.py"
+    ":1164-1169, wan/models/dits/arwan_w_action_w_mem_relative_rope.py:178-184",
+)
+PER_CHUNK_CHOICE = Integration(
+    1, 0, None, "post-rope", "jbkv's choice: per chunk (its caches hold one finished chunk)"
+)
 INTEGRATIONS: dict[str, Integration] = {
     "self-forcing": SELF_FORCING,
+    "hy-worldplay": HY_WORLDPLAY,
+    "matrix-game-2": PER_CHUNK_CHOICE,
     "self-forcing:longlive": LINGBOT_V2,
     "skyreels-v2": LINGBOT_V2,
     "magi1": LINGBOT_V2,

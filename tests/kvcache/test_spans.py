@@ -233,6 +233,19 @@ def test_per_model_defaults_follow_upstreams_integrations():
     assert KVSpec.from_dict(spec.to_dict()) == spec and spec.key_layout == "pre-rope"
 
 
+def test_hy_worldplay_and_matrix_game_have_stated_policies():
+    """HY-WorldPlay: its upstream integration's rule (QUANT_FACTOR = 2: spans of 2 chunks, no
+    keep-recent, every sink compressed, post-RoPE keys). Matrix-Game-2.0 (no QVG script): per
+    chunk, jbkv's choice, said in the label (``N1``) for every preset."""
+    hy = QVG(2).for_model("hy-worldplay")
+    assert hy.cache_policy() == SpanPolicy(2, 0, 0) and hy.key_layout() == "post-rope"
+    assert hy.label == "INT2 qvg g64 N2"
+    for config in ("universal", "gta", "templerun", "tiny-random"):
+        mg = QVG(2).for_model(f"matrix-game-2:{config}", 2640)  # 3 frames × 880 tokens
+        assert mg.cache_policy() == SpanPolicy() and mg.key_layout() == "post-rope"
+        assert mg.label == "INT2 qvg g64 K≤L/64 N1"
+
+
 def test_pruned_variants_are_stored_per_chunk():
     pruner = build_pruner(pruner_names()[0])
     spec = KVSpec.build("qvg", 2, 64, pruner=pruner).for_model("self-forcing", 4680)

@@ -11,9 +11,10 @@ from jbkv_cli.attention.attend import BACKENDS, CachedKV
 from jbkv_cli.attention.correction import jensen_bias
 from jbkv_cli.kvcache import FULL_PRECISION, KVSpec
 from jbkv_cli.llm import hosting
-from jbkv_cli.llm.hosting import JbkvCache, jbkv_attention
+from jbkv_cli.llm.hosting import JbkvCache, JbkvLayer, jbkv_attention
 from jbkv_cli.llm.prefill import chunk_nll, prefill_prefix, score_example
 from jbkv_cli.quant import quantize_kv
+from jbkv_cli.quant.queries import QueryStats
 from tests.llm.conftest import VOCAB, tiny_lm
 
 INT2 = KVSpec.build("rtn", 2, correction="none")
@@ -276,3 +277,73 @@ def test_every_registry_method_and_correction_runs():
         if spec.correction != "none":
             unc = results[KVSpec(spec.key, spec.value, "none")]
             assert r.diagnostics["delta_ps"] != unc.diagnostics["delta_ps"], spec.label
+
+
+# QuantWM with 8 centroids on 48-token chunks (head dim 32: g = 32)
+QUANTWM = KVSpec.build("quantwm", 2, 32, centroids=8, tokens_per_centroid=0)
+
+
+def _stored_key(layer: JbkvLayer, index: int) -> torch.Tensor:
+    return layer.store.stored(index, "key").dequantize()
+
+
+def test_quantwm_stores_each_chunk_with_earlier_chunks_queries_only(monkeypatch):
+    """App. C.3 through the LLM path: three 48-token chunks prefilled through a QuantWM jbkv
+    cache; chunk c is stored as QuantWM stores its keys with the queries of chunks < c (the
+    first with none, so no PSAC), never with its own (the queries attention saw, recorded by a
+    spy on ``JbkvLayer.attend``). Same inputs, same seeded clustering: within 1e-6."""
+    model = tiny_lm("llama")
+    hosting.host(model)
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    attend_ = JbkvLayer.attend
+
+    def spy(self, query, scale):
+        seen.setdefault(self.layer_idx, []).append((query.clone(), self.current.k.clone()))
+        return attend_(self, query, scale)
+
+    monkeypatch.setattr(JbkvLayer, "attend", spy)
+    cache = JbkvCache.for_model(model, QUANTWM)
+    ids = _ids(144, seed=3)
+    with torch.no_grad():
+        for a in (0, 48, 96):
+            model(input_ids=ids[None, a : a + 48], cache=cache, use_cache=True)
+    for layer in cache.layers:
+        history = QueryStats()
+        assert layer.store.stored(0, "key").psac is None  # no history: no PSAC
+        for c in (0, 1):
+            query, key = seen[layer.layer_idx][c]
+            want = QUANTWM.key.quantize(key, "key", history).dequantize()
+            assert (_stored_key(layer, c) - want).abs().max() <= 1e-6, (layer.layer_idx, c)
+            history.update(query, key.shape[-3])
+
+
+def test_quantwm_prefix_is_stored_with_no_history_then_its_queries_join():
+    """``llm-prefill``'s prefix is the cache's first chunk: stored with no query history (its
+    own queries only join the history after it), as a fresh cache stores its first chunk."""
+    model = tiny_lm("llama")
+    hosting.host(model)
+    prefix = prefill_prefix(model, _ids(96, seed=4), queries=True)
+    cache = JbkvCache.for_model(model, QUANTWM)
+    for layer, k, v, q in zip(
+        cache.layers, prefix.keys, prefix.values, prefix.queries, strict=True
+    ):
+        assert q.count == 96 * 2  # 4 query heads over 2 KV heads
+        layer.commit(k, v, q)
+        want = QUANTWM.key.quantize(k, "key", QueryStats()).dequantize()
+        assert (_stored_key(layer, 0) - want).abs().max() <= 1e-6
+        assert layer.store.queries.count == q.count and layer.store.pending.empty
+
+
+def test_the_record_says_how_much_of_the_prefix_was_stored_compressed():
+    """A 100-token prefix inside KIVI's 128-token residual is stored exact: its record says
+    nothing was compressed; INT2 rtn compresses every row (2 layers × 2 KV heads × 100 tokens
+    × keys and values); the reference records nothing."""
+    model = tiny_lm("llama")
+    hosting.host(model)
+    ids = _ids(140)
+    prefix = prefill_prefix(model, ids[:100])
+    kivi = chunk_nll(model, prefix, ids, KVSpec.build("kivi", 2, 32), diagnostics=False)
+    rtn = chunk_nll(model, prefix, ids, INT2, diagnostics=False)
+    assert kivi.compression["compressed"] == 0 and kivi.compression["held"] == 800
+    assert rtn.compression["compressed"] == rtn.compression["held"] == 800
+    assert chunk_nll(model, prefix, ids, FULL_PRECISION, diagnostics=False).compression is None

@@ -3,11 +3,14 @@ which K rule and layout applied, and bad values are one-line usage errors (insta
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.quant.conftest import SMALLEST
 
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 
@@ -41,6 +44,9 @@ def test_quantize_eval_span_of_two_chunks_counts_the_waiting_chunk(quick_eval):
     row = rows["int2-qvg-g64-n2"]
     assert row["label"] == "INT2 qvg g64 K≤L/64 N2"
     assert row["kv_ratio"] == pytest.approx(0.5)
+    # held after commit 1: one chunk waiting; after commit 2: both quantized -> 2 of 3
+    assert row["compressed_share"] == pytest.approx(2 / 3)
+    assert row["compression_mark"] == "compressed 66.6%"
 
 
 @pytest.mark.parametrize(
@@ -100,3 +106,43 @@ def test_a_model_without_pre_rope_support_refuses_pre_rope_keys():
     assert resolve_spec(Other(), KVSpec.build("qvg", 2, 64)).key_layout == "post-rope"
     with pytest.raises(ValueError, match="caches keys before RoPE"):
         layer_caches(spec, None, model="magi1", layers=1, kv_heads=1, frame_tokens=4)
+
+
+def test_a_span_that_never_fills_is_a_no_op_said_everywhere(tmp_path):
+    """Two chunks, spans of 4: QVG compresses nothing. The installed ``quantize-eval`` warns on
+    stderr (one line, before it generates), marks the row in the table, ``table.md``, the HTML
+    page and the JSON, and the gate fails it; rtn's row, all of it compressed, has no mark."""
+    out = tmp_path / "runs"
+    argv = [JBKV, "quantize-eval", "--quantizers", "rtn,qvg", "--bits", "2"]
+    argv += ["--corrections", "none", "-M", "qvg.span_chunks=4", *SMALLEST]
+    argv += ["--out", str(out), "--json", str(tmp_path / "r.json")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "compress nothing" in line]
+    assert warned == [
+        "warning: INT2 qvg g64 K≤L/64 N4 on tiny will compress nothing: its first span of 4 "
+        "chunk(s) is compressed at commit 4, the video commits at most 2; its row will be "
+        "marked no-op"
+    ]
+    assert result.stderr.index(warned[0]) < result.stderr.index("videos generated")
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "r.json").read_text())["rows"]}
+    noop, rtn = rows["int2-qvg-g64-n4"], rows["int2-rtn-g32"]
+    assert (noop["compressed_share"], noop["compression_mark"]) == (
+        0.0,
+        "no-op: nothing compressed",
+    )
+    assert (rtn["compressed_share"], rtn["compression_mark"]) == (1.0, None)
+    assert rows["reference"]["compressed_share"] is None
+    labelled = "INT2 qvg g64 K≤L/64 N4 [no-op: nothing compressed]"
+    assert labelled in result.stdout and "INT2 rtn g32 [" not in result.stdout
+    report = out / "tiny" / "report"
+    assert labelled in (report / "table.md").read_text()
+    assert '<tr class="noop" data-variant="int2-qvg-g64-n4">' in (report / "index.html").read_text()
+    gate = subprocess.run(
+        [JBKV, "report", str(out / "tiny"), "--baseline", str(tmp_path / "r.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert gate.returncode == 1
+    assert "int2-qvg-g64-n4: no-op: nothing compressed" in gate.stderr

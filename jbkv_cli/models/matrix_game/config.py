@@ -2,9 +2,11 @@
 
 Source: SkyworkAI/Matrix-Game (v2, folder ``Matrix-Game-2``), at the files
 ``configs/distilled_model/{universal,gta_drive,templerun}/config.json``,
-``configs/inference_yaml/inference_universal.yaml``, ``wan/modules/causal_model.py``,
-``wan/modules/action_module.py``, ``pipeline/causal_inference.py`` and ``inference.py``
-(read through the forks that carry the folder verbatim, e.g. 3a1b2c3/Matrix-Game
+``configs/inference_yaml/inference_{universal,gta_drive,templerun}.yaml``,
+``wan/modules/causal_model.py``, ``wan/modules/action_module.py``,
+``pipeline/causal_inference.py`` and ``inference.py``
+(read through the forks that carry the folder verbatim, e.g. zoheth/Matrix-Game
+@8ed02bd6:Matrix-Game-2/configs/inference_yaml/inference_templerun.yaml, 3a1b2c3/Matrix-Game
 @19e0843a:Matrix-Game-2/wan/modules/action_module.py and hathibelagal-dev/Matrix-Game
 @b85d3423:Matrix-Game-2/wan/modules/causal_model.py; upstream @756776d5:Matrix-Game-2/inference.py,
 @5a4fa8b2:Matrix-Game-2/pipeline/causal_inference.py).
@@ -18,9 +20,11 @@ Source: SkyworkAI/Matrix-Game (v2, folder ``Matrix-Game-2``), at the files
   TempleRun 7), mouse 2-d (TempleRun: none), ``hidden_size`` 128, 16 heads of 64,
   ``windows_size`` 3 latent frames × ``vae_time_compression_ratio`` 4 raw frames, RoPE
   dims [8, 28, 28] with θ = 256 over a 7,500-frame table;
-* sampling: ``denoising_step_list`` [1000, 666, 333] warped through the shift-5 table,
-  ``context_noise`` 0, ``num_output_frames`` 150 latent frames (597 frames), 352 × 640
-  (44 × 80 latents, 22 × 40 = 880 tokens per latent frame), 16 fps output.
+* sampling, per preset (its ``inference_*.yaml``): ``denoising_step_list`` [1000, 666, 333]
+  (universal, GTA) or [1000, 750, 500, 250] (TempleRun: a 4-step checkpoint), each with
+  ``warp_denoising_step: true`` through the ``timestep_shift`` 5 table (:class:`Preset`
+  carries each), ``context_noise`` 0, ``num_output_frames`` 150 latent frames (597 frames),
+  352 × 640 (44 × 80 latents, 22 × 40 = 880 tokens per latent frame), 16 fps output.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from dataclasses import dataclass, field, replace
 
 ROPE_FRAMES = 1024  # rope_params(1024, ...): the main self-attention's table (latent frames)
 ACTION_ROPE_FRAMES = 7500  # ActionModule.get_rotary_pos_embed(7500, ...)
-STEPS = (1000, 666, 333)
-SHIFT = 5.0
+STEPS_3 = (1000, 666, 333)  # inference_universal.yaml, inference_gta_drive.yaml
+STEPS_4 = (1000, 750, 500, 250)  # inference_templerun.yaml
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,13 @@ class DiTConfig:
 
 @dataclass(frozen=True)
 class Preset:
-    """A released checkpoint's DiT config and default shape."""
+    """A released checkpoint's DiT config, default shape and sampling schedule (its
+    ``inference_*.yaml``: ``denoising_step_list``, ``warp_denoising_step``, ``timestep_shift``)."""
 
     dit: DiTConfig
+    steps: tuple[int, ...] = STEPS_3
+    warp: bool = True
+    shift: float = 5.0
     height: int = 352
     width: int = 640
     chunk_frames: int = 3
@@ -97,9 +105,10 @@ class Preset:
 
 UNIVERSAL = Preset(DiTConfig())
 GTA = Preset(DiTConfig(local_attn_size=4, action=ActionConfig(keyboard_dim=2)))
-TEMPLERUN = Preset(DiTConfig(action=ActionConfig(keyboard_dim=7, mouse_dim=0)))
+TEMPLERUN = Preset(DiTConfig(action=ActionConfig(keyboard_dim=7, mouse_dim=0)), steps=STEPS_4)
 # tiny-random: 2 blocks (one with the ActionModule), dim 64 (heads of 32: group 32 fits), 32 × 32 frames (4 × 4 latents,
-# 2 × 2 = 4 tokens a frame), 3 chunks of 3 latent frames, local attention 6 frames as upstream
+# 2 × 2 = 4 tokens a frame), 3 chunks of 3 latent frames, local attention 6 frames and universal's
+# 3-step schedule as upstream
 TINY = Preset(
     DiTConfig(
         dim=64,

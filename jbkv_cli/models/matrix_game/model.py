@@ -6,7 +6,8 @@ The loop, as upstream's ``CausalInferencePipeline.inference`` (SkyworkAI/Matrix-
 frames (chunk ``c`` = frames ``[3c, 3c + 3)``, RoPE at those absolute frames):
 
     x ← noise
-    for t_i in warp([1000, 666, 333]) (shift 5; σ_i):
+    for t_i in warp(preset.steps) (shift 5; σ_i; universal and GTA [1000, 666, 333],
+                                   TempleRun [1000, 750, 500, 250]):
         v ← DiT(x, t_i, cond_concat[chunk], CLIP, actions | caches)   (reads, commits nothing)
         x₀ ← x − σ_i v;  x ← (1 − σ_{i+1}) x₀ + σ_{i+1} ε          (not after the last step)
     chunk c ← x₀
@@ -52,7 +53,7 @@ from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import decode_wan
 from jbkv_cli.models.matrix_game.actions import Actions, read_actions
 from jbkv_cli.models.matrix_game.attention import CachedAttention
-from jbkv_cli.models.matrix_game.config import SHIFT, STEPS, Preset
+from jbkv_cli.models.matrix_game.config import Preset
 from jbkv_cli.models.matrix_game.dit import MatrixGameDiT
 from jbkv_cli.models.self_forcing.image import read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
@@ -140,7 +141,9 @@ class MatrixGame2:
         self.dit, self.vae, self.image_encoder = dit, vae, image_encoder
         self.preset, self.config = preset, s
         self.source = "tiny-random" if s.config == "tiny-random" else s.config
-        self.schedule = FewStepSchedule.build(len(STEPS), SHIFT, STEPS, warp=True)
+        self.schedule = FewStepSchedule.build(
+            len(preset.steps), preset.shift, preset.steps, warp=preset.warp
+        )
         self.settings: dict[str, Any] = asdict(s) | {
             "latent_frames": s.latent_frames,
             "num_frames": s.num_frames,

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from jbkv_cli.kvcache import FULL_PRECISION, ChunkKVCache, KVSpec
+from jbkv_cli.kvcache.coverage import counting
 from jbkv_cli.models.hy_worldplay.config import TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.sampler import rollout
 from jbkv_cli.quant.rtn import RTN
@@ -146,6 +147,22 @@ def test_hy_worldplay_memory_bytes_per_branch(tiny, case):
     assert q2["kv_cache_bytes_by_branch"]["rope"] == q2["kv_cache_bytes_by_branch"]["prope"]
     assert q2_text["kv_cache_bytes_by_branch"]["text"] < text_bytes / 4
     assert full["kv_cache_bytes"] == sum(parts.values())
+
+
+def test_hy_worldplay_qvg_quantizes_every_second_memory_commit(tiny, case):
+    """QVG as upstream's HY-WorldPlay integration runs it (qvg_policy.py: spans of 2 chunks,
+    post-RoPE): each memory cache (window 1, one commit per chunk with memory) quantizes commits
+    1, 3, … (one codebook with the commit before) and holds commits 0, 2, … 16-bit, so the
+    measured compressed share is the odd commits' part of the memory rows (the text stays
+    16-bit and is not counted)."""
+    dit, _ = tiny
+    cond, noise = case
+    spec = KVSpec.build("qvg", 2, 32).for_model("hy-worldplay")
+    with counting() as held:
+        run(dit, cond, noise, spec)
+    sizes = [len(p) for p in cond.plan if p]  # latents of each memory commit
+    assert len(sizes) >= 4
+    assert held.compressed / held.held == pytest.approx(sum(sizes[1::2]) / sum(sizes), abs=1e-12)
 
 
 def test_hy_worldplay_int2_memory_moves_the_output_and_taylor_is_finite(tiny, case):

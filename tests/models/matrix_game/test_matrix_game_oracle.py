@@ -7,6 +7,7 @@ local attention 6 frames: from chunk 2 on, chunk 0 has left every window)."""
 import torch
 
 from jbkv_cli.kvcache import FULL_PRECISION, KVSpec
+from jbkv_cli.kvcache.coverage import counting
 from jbkv_cli.models.matrix_game.attention import MaskedAttention
 from jbkv_cli.models.self_forcing.schedule import renoise, to_x0
 from jbkv_cli.seeding import noise_generator
@@ -81,6 +82,21 @@ def test_matrix_game_int2_action_caches_are_quantized_and_reported(tiny_model, t
     assert kk["mouse"] == r["mouse"] and kk["keyboard"] == r["keyboard"]
     assert kk["main"] == qq["main"]
     assert q["kv_cache_bytes"] == sum(qq.values())
+
+
+def test_matrix_game_qvg_reads_every_held_chunk_quantized(tiny_model, tiny_case):
+    """QVG on Matrix-Game-2.0 per chunk (jbkv's stated choice, qvg_policy.py): every finished
+    chunk its caches hold is stored quantized (share 1). LingBot-v2's guards, which models
+    without a QVG script get elsewhere, would quantize each chunk only as it leaves the
+    one-chunk window: nothing held quantized (share 0), a no-op."""
+    case, cond = tiny_case
+    with torch.no_grad(), counting() as per_chunk:
+        tiny_model.generate_latents(cond, 0, case.name, KVSpec.build("qvg", 2, 32))
+    assert per_chunk.held > 0 and per_chunk.compressed == per_chunk.held
+    guarded = KVSpec.build("qvg", 2, 32, span_chunks=1, keep_recent_chunks=1, sink_keep_chunks=1)
+    with torch.no_grad(), counting() as lingbot:
+        tiny_model.generate_latents(cond, 0, case.name, guarded)
+    assert lingbot.held > 0 and lingbot.compressed == 0
 
 
 def test_matrix_game_a_window_of_4_frames_is_kept_frame_by_frame(tiny_model, tiny_case):
