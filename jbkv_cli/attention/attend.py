@@ -21,7 +21,9 @@ keep the post-RoPE Taylor term and every backend (:mod:`jbkv_cli.attention.rope`
 
 Cached tokens a pruner dropped (``CachedKV.valid`` False) get ``−inf`` in every backend
 (:func:`key_mask`, a ``[B, Hq, 1, Lk]`` additive mask, or inside the ``score_mod``), so the
-output equals attention over the kept tokens alone; their correction term is irrelevant.
+output equals attention over the kept tokens alone; their correction term is irrelevant. A
+token held ``m`` times (``CachedKV.copies``) gets ``ln m``: a softmax over ``m`` identical rows
+weighs the token ``m · exp(s)``, so the output equals attention over the rows repeated.
 
 ``causal=True`` (LLM partial prefill, :mod:`jbkv_cli.llm`): query ``i`` of the current chunk
 sees every cached key and the current keys ``0..i`` (a causal mask aligned at the chunk's end,
@@ -70,7 +72,8 @@ class CachedKV:
     (None: all); attention masks the others. ``k_step2`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
     ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, 12 × the
     variance of their unshrunk noise, zeros for exact keys, and ``unshrink``, None for all ones;
-    both None when not gathered).
+    both None when not gathered). ``copies`` ``[B, Hkv, Lc]`` (uint8): how many times each
+    cached token is read (0 where not ``valid``; None: once each).
     """
 
     k: torch.Tensor
@@ -83,6 +86,7 @@ class CachedKV:
     k_step2: torch.Tensor | None = None
     k_unshrink: torch.Tensor | None = None
     key_rotation: KeyRotation | None = None
+    copies: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -153,15 +157,27 @@ def causal_sdpa(
     return out
 
 
+def held_log(cached: CachedKV, device) -> torch.Tensor:
+    """``[B, Hkv, Lc]`` float32: ``ln m`` of each cached token read ``m`` times (``−inf`` where
+    dropped, 0 where read once)."""
+    if cached.copies is not None:
+        return cached.copies.to(device).float().log()
+    drop = torch.zeros(cached.valid.shape, device=device)
+    return drop.masked_fill_(~cached.valid.to(device), -torch.inf)
+
+
 def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor | None:
-    """Additive ``[B, Hq, 1, Lk]``: ``−inf`` on the cached tokens a pruner dropped, 0 on the
-    others and on the ``Lk − Lc`` current keys (GQA by head ratio); None when none was dropped."""
-    if cached is None or cached.valid is None or bool(cached.valid.all()):
+    """Additive ``[B, Hq, 1, Lk]``: ``−inf`` on the cached tokens a pruner dropped, ``ln m`` on
+    those held ``m`` times, 0 on the others and on the ``Lk − Lc`` current keys (GQA by head
+    ratio); None when every token is held once."""
+    if cached is None or cached.valid is None:
+        return None
+    if cached.copies is None and bool(cached.valid.all()):
         return None
     rep = q.shape[-3] // cached.valid.shape[-2]
-    dropped = ~cached.valid.to(q.device).repeat_interleave(rep, dim=-2)  # [B, Hq, Lc]
-    mask = torch.zeros((*dropped.shape[:-1], 1, lk), dtype=q.dtype, device=q.device)
-    mask[..., 0, : dropped.shape[-1]].masked_fill_(dropped, float("-inf"))
+    held = held_log(cached, q.device).repeat_interleave(rep, dim=-2)  # [B, Hq, Lc]
+    mask = torch.zeros((*held.shape[:-1], 1, lk), dtype=q.dtype, device=q.device)
+    mask[..., 0, : held.shape[-1]] = held
     return mask
 
 
@@ -248,7 +264,7 @@ def _flex(
     lc = cached.num_tokens
     drop = torch.zeros(d2.shape[:-1], device=q.device)  # [B, Hkv, Lc]: −inf where pruned
     if cached.valid is not None:
-        drop.masked_fill_(~cached.valid.to(q.device), -torch.inf)
+        drop = held_log(cached, q.device)
 
     def score_mod(score, b, h, q_idx, kv_idx):
         kv = torch.clamp(kv_idx, max=lc - 1)
@@ -316,8 +332,12 @@ def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None, causal: bool = False
             raise ValueError(
                 f"cached k/v {tuple(cached.k.shape)}/{tuple(cached.v.shape)} must be {want}"
             )
-        if cached.valid is not None and cached.valid.shape != cached.k.shape[:-1]:
-            raise ValueError(f"cached.valid {tuple(cached.valid.shape)} must be {want[:-1]}")
+        for name in ("valid", "copies"):
+            mask = getattr(cached, name)
+            if mask is not None and mask.shape != cached.k.shape[:-1]:
+                raise ValueError(f"cached.{name} {tuple(mask.shape)} must be {want[:-1]}")
+        if cached.copies is not None and cached.valid is None:
+            raise ValueError("cached.copies needs cached.valid")
         rot = cached.key_rotation
         if rot is not None and (rot.num_tokens != want[-2] or cached.rotation is not None):
             raise ValueError("cached.key_rotation must cover every cached key, without a rotation")

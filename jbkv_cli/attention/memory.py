@@ -7,7 +7,8 @@ reports to an active :class:`WorkingMeter`), the bytes that are live at the read
 
 - **view**: what the cache's read returns (:class:`~jbkv_cli.attention.attend.CachedKV`): the
   dequantized keys and values of the window, their steps (float32 ``[B, Hkv, Lc, G]``), the
-  signed correction's ``noise_step2``/``unshrink``, the pruner's ``valid`` mask and, while
+  signed correction's ``noise_step2``/``unshrink``, the pruner's ``valid`` mask (and its
+  ``copies`` when a token is held twice), and, while
   diagnostics are recorded, the full-precision copies ``k_ref``/``v_ref``;
 - **attend**: the tensors :func:`~jbkv_cli.attention.attend` holds at its peak, per path:
 
@@ -25,7 +26,8 @@ reports to an active :class:`WorkingMeter`), the bytes that are live at the read
     block's output and their concatenation (a second block adds the next bias while the
     previous block's tensors are still referenced);
 
-  plus the pruner's additive mask ``[B, Hq, 1, Lk]`` when a token was dropped;
+  plus the pruner's additive mask ``[B, Hq, 1, Lk]`` when a token was dropped or is held
+  twice;
 - **diagnostics** (:mod:`jbkv_cli.attention.diagnostics`, every ``every``-th read, after attention
   returned its output): float32 copies of the quantized and exact ``[cached | current]`` keys and
   values (values expanded to the query heads), and per block of ``n`` observed queries a few
@@ -87,7 +89,8 @@ class ReadShape:
     step2: bool = False
     unshrink: bool = False
     valid: bool = False  # the view carries a pruner's mask
-    dropped: bool = False  # and a token is dropped (attention adds a mask)
+    dropped: bool = False  # and a token is dropped or held twice (attention adds a mask)
+    copies: bool = False  # the view carries the pruner's counts (uint8)
     step_values: int = 127  # distinct FP8 step values (the exact bias's table; ≤ 127)
 
     @property
@@ -101,6 +104,7 @@ def view_nbytes(s: ReadShape) -> int:
     total = 2 * tokens * s.head_dim * s.view_bytes
     total += tokens * s.groups * 4 * (1 + s.step2)  # steps, noise_step2 (float32)
     total += tokens * 4 * s.unshrink + tokens * s.valid  # unshrink float32, valid bool
+    total += tokens * s.copies  # counts, uint8
     return total + 2 * tokens * s.head_dim * s.ref_bytes
 
 
@@ -283,7 +287,8 @@ def shape_of(q: torch.Tensor, k_cur: torch.Tensor, cached, exact: bool = False) 
         step2=cached.k_step2 is not None,
         unshrink=cached.k_unshrink is not None,
         valid=valid is not None,
-        dropped=valid is not None and not bool(valid.all()),
+        dropped=valid is not None and (cached.copies is not None or not bool(valid.all())),
+        copies=cached.copies is not None,
         step_values=values,
     )
 

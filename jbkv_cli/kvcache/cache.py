@@ -47,7 +47,8 @@ longer reaches the sink).
 (:class:`~jbkv_cli.prune.base.LayerPruning`): at commit it decides which tokens each KV head
 keeps, those are stored per (batch, KV head) by the methods (prune, then quantize;
 :mod:`jbkv_cli.kvcache.pruned`), later decisions remove tokens of earlier chunks, and reads
-carry ``valid [B, Hkv, Lc]`` so attention masks what was dropped. Sinks are never pruned.
+carry ``valid [B, Hkv, Lc]`` so attention masks what was dropped (and ``copies`` when a
+token is held more than once: attention reads it that many times). Sinks are never pruned.
 ``nbytes_by_kind()`` splits the bytes by the pruner's head classes.
 """
 
@@ -505,15 +506,16 @@ class ChunkKVCache:
             view.key_rotation = self.rope.rotation(at, [c.length for c in chunks], view.k.shape[-1])
 
     def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:
-        """The kept tokens at their positions, ``valid`` marking them (sinks: all)."""
+        """The kept tokens at their positions, ``valid`` marking them (sinks: all), and
+        ``copies`` when a token is read more than once."""
         groups = self._groups("key")
         parts = []
         for c in chunks:
             if c.pruned is not None:
-                parts.append((*c.pruned.dense(groups, self._signed), c.pruned.kept))
+                parts.append((*c.pruned.dense(groups, self._signed), c.pruned.counts))
                 continue
             keys = c.sides["key"].stored(groups)
-            valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=c.device)
+            valid = torch.ones(keys.shape[:-1], dtype=torch.uint8, device=c.device)
             k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
             var = (zero_noise_step2(keys, groups), unit_unshrink(keys)) if self._signed else None
             parts.append((k, v, zero_steps(keys, groups), keys.rotation, var, valid))
@@ -522,7 +524,10 @@ class ChunkKVCache:
         step = torch.cat(steps, dim=-2) if quantized else None
         rotation = next((r for r in rotations if r is not None), None)
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
-        view.valid = torch.cat(valid, dim=-1)
+        counts = torch.cat(valid, dim=-1)
+        view.valid = counts > 0
+        if any(c.pruned is not None and c.pruned.repeated for c in chunks):
+            view.copies = counts
         if step is not None and self._signed and all(n[0] is not None for n in noise):
             view.k_step2 = torch.cat([n[0] for n in noise], dim=-2)
             view.k_unshrink = torch.cat([n[1] for n in noise], dim=-2)

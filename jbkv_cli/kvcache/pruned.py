@@ -6,7 +6,11 @@ Different heads keep different tokens, so each lane is stored on its own; an anc
 tokens that a later decision drops are removed from the stored tensors (:func:`take_tokens`,
 no re-quantization). :meth:`PrunedChunk.dense` lays the lanes back out over the chunk's
 positions for attention, zeros where a token was dropped, with ``valid [B, Hkv, L]`` saying
-which tokens are there. ``nbytes`` counts the stored tensors and the positions.
+which tokens are there. A decision may hold a token more than once (a count, not a bool:
+Forcing-KV's upstream attends some tokens twice); the token is stored once and its lane keeps
+the count (``copies``, uint8), which attention turns into ``ln count`` on the score
+(:func:`~jbkv_cli.attention.attend.key_mask`). ``nbytes`` counts the stored tensors, the
+positions and the counts.
 """
 
 from __future__ import annotations
@@ -85,29 +89,46 @@ def _index_dtype(length: int) -> torch.dtype:
     return torch.int16 if length <= torch.iinfo(torch.int16).max else torch.int32
 
 
+def repeats(count: torch.Tensor) -> torch.Tensor | None:
+    """``count`` as a lane's ``copies`` (uint8), or None when no token is held twice."""
+    return count.to(torch.uint8) if bool((count > 1).any()) else None
+
+
 @dataclass
 class Lane:
     """One (batch, KV head)'s kept tokens of a chunk: ``index [n]`` ascending positions,
-    ``k``/``v`` ``[n, D]`` as stored (None when nothing is kept)."""
+    ``k``/``v`` ``[n, D]`` as stored (None when nothing is kept), ``copies [n]`` how many
+    times attention reads each (None: once each)."""
 
     index: torch.Tensor
     k: QuantizedTensor | None
     v: QuantizedTensor | None
+    copies: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
         held = self.index.numel() * self.index.element_size()
+        if self.copies is not None:
+            held += self.copies.numel() * self.copies.element_size()
         return held + sum(t.nbytes for t in (self.k, self.v) if t is not None)
 
+    def counts(self) -> torch.Tensor:
+        """``[n]`` uint8: the times each kept token is read."""
+        if self.copies is not None:
+            return self.copies
+        return torch.ones(self.index.shape, dtype=torch.uint8, device=self.index.device)
+
     def drop(self, start: int, keep: torch.Tensor) -> None:
-        """Remove the tokens at positions ``start + j`` with ``keep[j]`` False."""
+        """Apply ``keep`` (bool or counts) to the tokens at positions ``start + j``: a token
+        with ``keep[j]`` 0 is removed, another is read ``keep[j]`` times."""
         pos = self.index.long()
         inside = (pos >= start) & (pos < start + keep.numel())
-        gone = torch.zeros_like(inside)
-        gone[inside] = ~keep[(pos[inside] - start).to(keep.device)].to(gone.device)
-        if not gone.any():
+        count = self.counts().clone()
+        count[inside] = keep[(pos[inside] - start).to(keep.device)].to(count)
+        rows = (count > 0).nonzero().flatten()
+        self.copies = repeats(count[rows])
+        if rows.numel() == pos.numel():
             return
-        rows = (~gone).nonzero().flatten()
         self.index = self.index[rows]
         if rows.numel() == 0:
             self.k = self.v = None
@@ -118,8 +139,8 @@ class Lane:
 class PrunedChunk:
     """A chunk stored per lane (see the module docstring).
 
-    ``k``, ``v`` ``[B, Hkv, L, D]`` (exact, post-RoPE); ``keep [B, Hkv, L]`` the tokens stored;
-    ``store`` stores the kept tokens of a lane per role.
+    ``k``, ``v`` ``[B, Hkv, L, D]`` (exact, post-RoPE); ``keep [B, Hkv, L]`` the tokens stored
+    (bool, or how many times each is read); ``store`` stores the kept tokens of a lane per role.
     """
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, store: Store):
@@ -134,7 +155,9 @@ class PrunedChunk:
                 stored = (
                     [store(r, x) for r, x in zip(ROLES, kept, strict=True)] if len(index) else []
                 )
-                row.append(Lane(index.to(dtype), *(stored or (None, None))))
+                lane = Lane(index.to(dtype), *(stored or (None, None)))
+                lane.copies = repeats(keep[b, h][index])
+                row.append(lane)
             self.lanes.append(row)
 
     def drop(self, start: int, keep: torch.Tensor) -> None:
@@ -144,13 +167,23 @@ class PrunedChunk:
                 lane.drop(start, keep[b, h])
 
     @property
-    def kept(self) -> torch.Tensor:
-        """``bool [B, Hkv, L]``: the tokens held."""
-        valid = torch.zeros(self.shape[:-1], dtype=torch.bool)
+    def counts(self) -> torch.Tensor:
+        """``uint8 [B, Hkv, L]``: how many times attention reads each token (0: dropped)."""
+        count = torch.zeros(self.shape[:-1], dtype=torch.uint8)
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
-                valid[b, h, lane.index.long()] = True
-        return valid.to(self.device)
+                count[b, h, lane.index.long()] = lane.counts().cpu()
+        return count.to(self.device)
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """``bool [B, Hkv, L]``: the tokens held."""
+        return self.counts > 0
+
+    @property
+    def repeated(self) -> bool:
+        """Whether a token is read more than once."""
+        return any(lane.copies is not None for row in self.lanes for lane in row)
 
     @property
     def num_kept(self) -> int:

@@ -30,7 +30,7 @@ attends to its own rotated keys either way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -72,6 +72,10 @@ class ChunkContext:
         reads: extra arguments of every cache read in this forward (``last``, ``positions``,
             ``sinks`` of :meth:`~jbkv_cli.kvcache.ChunkKVCache.attend`; Rolling Forcing's
             window and clean passes read different parts of the cache).
+        qk_norm: ``qk_norm(norm, x)`` normalises q and k with the block's ``norm_q``/``norm_k``
+            (Self-Forcing's upstream casting:
+            :func:`~jbkv_cli.models.self_forcing.upstream.wan_rms_norm`); None: the module
+            itself (diffusers' RMSNorm).
     """
 
     caches: Sequence[LayerCache] = field(default_factory=list)
@@ -80,6 +84,7 @@ class ChunkContext:
     backend: str | None = None
     key_rope: KeyRope | None = None
     reads: dict[str, Any] = field(default_factory=dict)
+    qk_norm: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
 
 
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -126,7 +131,11 @@ class CachedSelfAttnProcessor:
             q, k, v = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
             q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        q, k = attn.norm_q(q), attn.norm_k(k)
+        norm = self.context.qk_norm
+        if norm is None:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+        else:
+            q, k = norm(attn.norm_q, q), norm(attn.norm_k, k)
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))  # [B, L, H, D]
         k_pre = k
         if rotary_emb is not None:

@@ -113,13 +113,14 @@ def load_parts(loaders: dict[str, Callable[[], Any]], what: str, root: Path) -> 
 
 
 def cast_keeping_fp32(transformer: Any, dtype: torch.dtype) -> None:
-    """Cast parameters to ``dtype`` except those of ``_keep_in_fp32_modules`` (rope, time
-    embedder, modulation tables, norms), as ``from_pretrained(torch_dtype=...)`` does."""
+    """Cast parameters to ``dtype`` except those with a name part in ``_keep_in_fp32_modules``
+    (rope, time embedder, the ``scale_shift_table`` modulation tables, norms), as
+    ``from_pretrained(torch_dtype=...)`` does: it matches parameter names, so a table that is a
+    parameter of a block (``blocks.0.scale_shift_table``) stays float32 too."""
     keep = set(getattr(transformer, "_keep_in_fp32_modules", None) or ())
-    for name, module in transformer.named_modules():
+    for name, param in transformer.named_parameters():
         target = torch.float32 if keep & set(name.split(".")) else dtype
-        for param in module.parameters(recurse=False):
-            param.data = param.data.to(target)
+        param.data = param.data.to(target)
 
 
 def encode_umt5(

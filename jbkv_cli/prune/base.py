@@ -45,8 +45,10 @@ class Decision:
     """What :meth:`LayerPruning.commit` decided.
 
     ``keep [B, Hkv, L]``: the new chunk's tokens each KV head stores (undecided tokens, kept for
-    now, included). ``settled``: tokens of chunks committed earlier that are decided now, as
-    ``(serial, start, keep [B, Hkv, n])`` for positions ``start .. start + n`` of that chunk.
+    now, included): bool, or an unsigned count of the times attention reads the token (0:
+    dropped; Forcing-KV's upstream holds some tokens twice). ``settled``: tokens of chunks
+    committed earlier that are decided now, as ``(serial, start, keep [B, Hkv, n])`` for
+    positions ``start .. start + n`` of that chunk (bool or counts, as ``keep``).
     """
 
     keep: torch.Tensor

@@ -31,6 +31,17 @@ Sources, read for every rule below (``M`` = ``wan/modules/causal_model_forcingkv
   frame in the ring yet (fewer than one frame, M:243-246) no buffer is kept that chunk.
   Upstream requires ``dynamic_context_length · num_frame_patch == round(18 · ratio)``
   (M:254-265) and whole patches (M:241).
+- **Twice-held patches** (M:91-116 ``_allocate_ring_cache``, M:459-463 the read): the dynamic
+  ring starts at the split with the last ``min(T, 3·(ar_start + 1) − sink_size)`` frames. When
+  that is fewer than ``T`` the ring is only partly full, so at the next chunk the candidates
+  (the ring's ``r < T`` frames and the first ``3 − r`` new ones) include new frames that stay
+  in the ring after the append: their chosen patches sit in the buffer *and* in the ring, and
+  the read ``cat[sink, buffer, ring, cur]`` attends them twice (until the next chunk's
+  refill). jbkv reproduces that multiplicity: the pruner hands the cache a count per token
+  (2 for those patches), the token is stored once with its count, and attention adds
+  ``ln 2`` to its score (:func:`~jbkv_cli.attention.attend.key_mask`), which is the softmax
+  over the duplicated rows. Bytes: stored once, plus one byte of count per kept token of such
+  a lane (upstream's buffer is a separate copy).
 
 So after the ring fills every layer holds a constant budget: Self-Forcing keeps, per layer
 1..29, the sink frame + 1 frame per static head and the sink + 1 + 1 (buffer) frames per dynamic
@@ -59,9 +70,12 @@ source is silent or the geometry differs from Self-Forcing's:
 - **Buffer size.** ``dynamic_context_length`` left unset is what the ratio keeps,
   ``round(C·P·ratio) / P`` frames (1 on Self-Forcing, its config's value). Given, it must agree
   as upstream requires; that needs ``C``, so it is checked at the first commit.
-- **Layer deciding the selection.** Layer 1, as upstream; when layer 1 has no dynamic head
-  (upstream would fail on an empty reshape) the first layer after it that has one decides; the
-  layers in between have no dynamic head to apply it to.
+- **Layer deciding the selection.** Layer 1, as upstream. When layer 1 has no dynamic head,
+  upstream does not fail (torch 2.14): its similarity runs over zero channels, every patch
+  scores 0 (the cosine of empty vectors) and ``topk`` picks among ties, an order the kernel
+  decides (on a CPU: 10-14 and 16 of 18), so the buffer holds arbitrary patches. jbkv lets
+  the first layer after it that has a dynamic head decide instead (a choice; the layers in
+  between have no dynamic head to apply it to).
 - **Batch.** Batch 0 decides for the whole batch, as upstream. jbkv's models run one sample per
   cache (SkyReels-V2's CFG branches have a cache each), so it matters only for direct use.
 - **Exact keys.** The similarity uses the exact post-RoPE keys the cache is handed, never the
@@ -221,7 +235,7 @@ class ForcingKVLayer:
         # heads; every deciding layer has one (ForcingKV.plans)
         self.chunk_frames: int | None = None
         self.history: list[FrameId] = []  # frames after the sink, oldest first (at most H)
-        self.kept: dict[FrameId, torch.Tensor] = {}  # [Hkv, T] of frames after the sink
+        self.kept: dict[FrameId, torch.Tensor] = {}  # [Hkv, T] counts, frames after the sink
         self.ring_keys: dict[FrameId, torch.Tensor] = {}  # deciding layer: [T, X], batch 0
 
     # -- the protocol ----------------------------------------------------------------------------
@@ -248,10 +262,10 @@ class ForcingKVLayer:
         before = self.history
         history = (before + post)[-bud.history :]
         now = self._kept_after(serial, before, post, history, k)
-        keep = torch.zeros(h, length, dtype=torch.bool, device=k.device)
+        keep = torch.zeros(h, length, dtype=torch.uint8, device=k.device)
         for f, fid in enumerate(new):
             if sink[f]:
-                keep[:, f * t : (f + 1) * t] = True
+                keep[:, f * t : (f + 1) * t] = 1
             elif fid in now:
                 keep[:, f * t : (f + 1) * t] = now[fid]
         settled = []
@@ -286,14 +300,16 @@ class ForcingKVLayer:
         history: list[FrameId],
         k: torch.Tensor,
     ) -> dict[FrameId, torch.Tensor]:
-        """``{frame: bool [Hkv, T]}``: the tokens after the sink each head keeps after this
-        commit (frames holding none are absent)."""
+        """``{frame: uint8 [Hkv, T]}``: how many times each head holds each token after the
+        sink after this commit — once in a ring, once more in the buffer (twice when a
+        candidate stays in the ring, as upstream's ``cat[sink, buffer, ring, cur]``); frames
+        holding none are absent."""
         bud, t, h = self.budget, self.budget.frame_tokens, len(self.kinds)
         now: dict[FrameId, torch.Tensor] = {}
 
         def mark(fid: FrameId, heads: list[int] | slice, tokens: slice = slice(None)) -> None:
-            mask = now.setdefault(fid, torch.zeros(h, t, dtype=torch.bool, device=k.device))
-            mask[heads, tokens] = True
+            mask = now.setdefault(fid, torch.zeros(h, t, dtype=torch.uint8, device=k.device))
+            mask[heads, tokens] += 1
 
         if self.layer == 0 or serial < bud.ar_start:  # unsplit: sink + H frames, every head
             for fid in history:

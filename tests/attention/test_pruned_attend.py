@@ -87,3 +87,35 @@ def test_valid_shape_is_checked():
     cached.valid = cached.valid[..., :-1]
     with pytest.raises(ValueError, match="valid"):
         attend(q, k, v, cached, scale=TAU)
+
+
+def _repeated(cached: CachedKV) -> CachedKV:
+    """``cached`` with each token written out ``copies`` times (upstream's duplicated rows),
+    per (batch, KV head) padded with dropped rows to one length."""
+    b, h, _, d = cached.k.shape
+    rows = int(cached.copies.sum(-1).max())
+    k, v = torch.zeros(b, h, rows, d), torch.zeros(b, h, rows, d)
+    step = torch.zeros(b, h, rows, cached.k_step.shape[-1])
+    valid = torch.zeros(b, h, rows, dtype=torch.bool)
+    for i in range(b):
+        for j in range(h):
+            idx = torch.arange(cached.k.shape[-2]).repeat_interleave(cached.copies[i, j].long())
+            n = len(idx)
+            k[i, j, :n], v[i, j, :n] = cached.k[i, j, idx], cached.v[i, j, idx]
+            step[i, j, :n], valid[i, j, :n] = cached.k_step[i, j, idx], True
+    return CachedKV(k, v, step, cached.rotation, valid=valid)
+
+
+@pytest.mark.parametrize("backend", ["fused", "flex", "reference"])
+@pytest.mark.parametrize("correction", ["none", "taylor", "exact"])
+def test_a_token_held_twice_equals_its_row_written_twice(backend, correction):
+    q, k, v, cached = _case(4, 2)
+    g = torch.Generator().manual_seed(7)
+    cached.copies = cached.valid.to(torch.uint8) * torch.randint(
+        1, 4, cached.valid.shape, generator=g
+    ).to(torch.uint8)
+    out = attend(q, k, v, cached, scale=TAU, correction=correction, backend=backend)
+    want = attend(q, k, v, _repeated(cached), scale=TAU, correction=correction, backend="reference")
+    assert torch.allclose(out, want, atol=2e-5)
+    once = CachedKV(cached.k, cached.v, cached.k_step, cached.rotation, valid=cached.valid)
+    assert not torch.allclose(out, attend(q, k, v, once, scale=TAU, correction=correction))

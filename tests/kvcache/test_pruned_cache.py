@@ -1,6 +1,8 @@
 """The cache with a pruner: per-head kept tokens, masked reads, bytes of what is kept (the
 mechanics with forcing-kv-history's layer state; forcing-kv's own at the end)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -201,3 +203,69 @@ def test_forcing_kv_keeps_the_same_tokens_at_16_and_2_bits_and_never_requantizes
     survivors = after.valid[0, 1, 2 * F * T : 3 * F * T] & before.valid[0, 1, 2 * F * T :]
     got = after.k[0, 1, 2 * F * T : 3 * F * T][survivors]
     assert torch.equal(got, before.k[0, 1, 2 * F * T :][survivors])
+
+
+class _Counting:
+    """A scripted LayerPruning: chunk 0 keeps head 0 whole and head 1's first half twice, its
+    second half not at all; chunk 1 keeps everything once and settles chunk 0's head 1 to
+    once (Forcing-KV's multiplicity, :mod:`jbkv_cli.prune.forcing_kv`)."""
+
+    kinds = ("static", "dynamic")
+
+    def commit(self, serial, k):
+        from jbkv_cli.prune.base import Decision
+
+        length = k.shape[-2]
+        keep = torch.ones(1, 2, length, dtype=torch.uint8)
+        if serial == 0:
+            keep[0, 1, : length // 2] = 2
+            keep[0, 1, length // 2 :] = 0
+            return Decision(keep, [])
+        once = torch.ones(1, 2, length // 2, dtype=torch.uint8)
+        return Decision(keep, [(0, 0, once)])
+
+    def forget(self, serials):
+        pass
+
+    def nbytes_by_kind(self):
+        return {}
+
+
+@pytest.mark.parametrize("method", [None, "rtn"])
+def test_a_token_held_twice_is_stored_once_and_attended_twice(method):
+    pruner = ForcingKVHistory()  # the spec prunes; the scripted state decides
+    spec = (
+        KVSpec.build(method, 2, correction="taylor", pruner=pruner)
+        if method
+        else KVSpec(pruner=pruner)
+    )
+    cache = ChunkKVCache(spec, window=2, pruning=_Counting())
+    k0, v0 = _chunk(0)
+    cache.commit(k0, v0)
+    view = cache.read()
+    half = F * T // 2
+    assert view.copies[0, 1].tolist() == [2] * half + [0] * half
+    assert view.valid[0, 1].tolist() == [True] * half + [False] * half
+    lane = cache.chunks[0].pruned.lanes[0][1]
+    assert lane.index.numel() == half and lane.copies.tolist() == [2] * half
+    plain = ChunkKVCache(replace(spec, pruner=None), window=2)
+    plain.commit(k0, v0)
+    stored = sum(lane.nbytes for lane in cache.chunks[0].pruned.lanes[0])
+    assert stored == plain.nbytes * 3 // 4 + 2 * (F * T + half) + half  # positions, counts
+    # head 1 reads its kept tokens twice: the same as the rows written out twice
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 4, D, generator=g) for _ in range(3))
+    out = cache.attend(q, k, v, scale=D**-0.5)
+    rows = torch.cat([view.k[0, 1, :half]] * 2 + [k[0, 1]])
+    vals = torch.cat([view.v[0, 1, :half]] * 2 + [v[0, 1]])
+    scores = D**-0.5 * q[0, 1] @ rows.T
+    if view.k_step is not None:
+        from jbkv_cli.attention import jensen_bias
+
+        step = torch.cat([view.k_step[0, 1, :half]] * 2)[None, None]
+        bias = jensen_bias(q[0, 1][None, None], step, D**-0.5, "taylor", view.rotation)
+        scores[:, : 2 * half] -= bias[0, 0]
+    assert torch.allclose(out[0, 1], scores.softmax(-1) @ vals, atol=2e-5)
+    cache.commit(*_chunk(1))  # settles chunk 0's head 1 to once
+    again = cache.read()
+    assert again.copies is None and cache.chunks[0].pruned.lanes[0][1].copies is None

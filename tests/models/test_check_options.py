@@ -28,6 +28,10 @@ REFUSED = [
     ("self-forcing", {"config": "nope"}),
     ("self-forcing", {"config": "tiny-random", "height": 20}),
     ("self-forcing", {"weights": "/nonexistent"}),
+    ("self-forcing", {"config": "tiny-random", "precision": "half"}),
+    ("rolling-forcing", {"config": "tiny-random", "precision": "half"}),
+    ("matrix-game-2", {"config": "tiny-random", "precision": "half"}),
+    ("hy-worldplay", {"config": "tiny-random", "precision": "half"}),
 ]
 
 

@@ -1,12 +1,14 @@
 """Forcing-KV on the Self-Forcing adapter (tiny random configuration at 64×64: 2 layers of 2
 heads, 16 tokens per latent frame, 3-frame chunks, float32, CPU): after every chunk the tokens
-each (layer, head) holds equal those of a hand-written statement of upstream's code
-(zju-jiyicheng/Forcing-KV@50ac1f45, wan/modules/causal_model_forcingkv.py), and the cache's
-bytes stay flat once the ring has filled."""
+each (layer, head) holds, with the times attention reads them, equal those of a hand-written
+statement of upstream's code (zju-jiyicheng/Forcing-KV@50ac1f45,
+wan/modules/causal_model_forcingkv.py), and the cache's bytes stay flat once the ring has
+filled."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -34,7 +36,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.keys: dict[int, list[torch.Tensor]] = {}  # layer -> committed keys per chunk
-        self.held: dict[int, list[dict[int, set[int]]]] = {}  # layer -> per chunk, per head
+        self.held: dict[int, list[dict[int, Counter]]] = {}  # layer -> per chunk, per head
         self.nbytes: list[int] = []
         self.caches: list = []
 
@@ -67,13 +69,15 @@ class _Layer:
         return getattr(self.cache, name)
 
 
-def held(cache) -> dict[int, set[int]]:
-    out: dict[int, set[int]] = {}
+def held(cache) -> dict[int, Counter]:
+    """Per head, the token positions held and how many times attention reads each."""
+    out: dict[int, Counter] = {}
     for chunk in cache.chunks:
-        mask = chunk.pruned.kept[0]
-        for h in range(mask.shape[0]):
-            pos = {chunk.serial * chunk.length + int(i) for i in mask[h].nonzero()}
-            out[h] = out.get(h, set()) | pos
+        count = chunk.pruned.counts[0]
+        for h in range(count.shape[0]):
+            reads = out.setdefault(h, Counter())
+            for i in count[h].nonzero().flatten().tolist():
+                reads[chunk.serial * chunk.length + i] += int(count[h, i])
     return out
 
 
@@ -81,7 +85,8 @@ def held(cache) -> dict[int, set[int]]:
 
 
 def upstream(keys1, kinds1, sink_size=1, spatial=1, temporal=1, patches=8, ratio=0.33, ar=1):
-    """Per chunk, what layer 0 and layer 1 hold per head, as token positions, following
+    """Per chunk, what layer 0 and layer 1 hold per head, as token positions with the number of
+    rows of upstream's read ``cat[sink, buffer, ring, cur]`` that carry each, following
     ``CausalWanSelfAttention.forward`` / ``dynamic_compression`` /
     ``_apply_offline_head_allocation``: lists of frames for ``sink_k``, ``local_k``, the rings
     and the buffer; ``keys1[s]`` are layer 1's clean keys of chunk ``s`` (batch 0)."""
@@ -130,10 +135,12 @@ def upstream(keys1, kinds1, sink_size=1, spatial=1, temporal=1, patches=8, ratio
             dyn_ring = (dyn_ring + new)[-temporal:]
         if s == ar and not switched:  # after the update pass of AR step ar_start
             switched = True
+            # _allocate_ring_cache: the last `temporal` frames of local_k, fewer when local_k
+            # holds fewer (a partly full ring)
             static_ring, dyn_ring, buffer = local[-spatial:], local[-temporal:], []
 
         def pos(frames):
-            return {f * T + t for f in frames for t in range(T)}
+            return Counter(f * T + t for f in frames for t in range(T))
 
         layer0 = {h: pos(sink + local) for h in range(2)}
         if not switched:
@@ -143,9 +150,9 @@ def upstream(keys1, kinds1, sink_size=1, spatial=1, temporal=1, patches=8, ratio
             for h, kind in enumerate(kinds1):
                 if kind == "static":
                     layer1[h] = pos(sink + static_ring)
-                else:
-                    patch = {f * T + p * size + t for f, p in buffer for t in range(size)}
-                    layer1[h] = pos(sink + dyn_ring) | patch
+                else:  # rows of the buffer, then of the ring: a token in both is read twice
+                    patch = Counter(f * T + p * size + t for f, p in buffer for t in range(size))
+                    layer1[h] = pos(sink + dyn_ring) + patch
         out.append((layer0, layer1))
     return out
 
@@ -190,3 +197,21 @@ def test_the_statement_of_upstream_is_not_forcing_kv_history(model, tmp_path):
     model.generate_latents(PROMPT, 0, spec, probe=rec)
     want = upstream(rec.keys[1], ["static", "dynamic"])
     assert any(rec.held[1][s] != layer1 for s, (_, layer1) in enumerate(want))
+
+
+def test_a_partly_full_ring_reads_candidates_twice_as_upstream(model, tmp_path):
+    """sink_size 1, ar_start 0, temporal_context_length 3: the split after chunk 0 leaves the
+    dynamic ring 3·1 − 1 = 2 frames (1, 2); chunk 1's candidates are frames 1, 2, 3 and frame 3
+    stays in the ring, so upstream reads frame 3's chosen patches twice (buffer and ring rows),
+    until chunk 2 refills the buffer."""
+    kinds1 = ["static", "dynamic"]
+    pruner = ForcingKV(profile=_profile(tmp_path, kinds1), ar_start=0, temporal_context_length=3)
+    rec = Recorder()
+    model.generate_latents(PROMPT, 0, KVSpec(pruner=pruner), probe=rec)
+    want = upstream(rec.keys[1], kinds1, temporal=3, ar=0)
+    for s, (layer0, layer1) in enumerate(want):
+        assert rec.held[0][s] == layer0, f"layer 0 after chunk {s}"
+        assert rec.held[1][s] == layer1, f"layer 1 after chunk {s}"
+    twice = sorted(p for p, n in rec.held[1][1][1].items() if n == 2)
+    assert twice and all(3 * T <= p < 4 * T for p in twice), twice  # frame 3's patches only
+    assert set(rec.held[1][2][1].values()) == {1}  # chunk 2: each read once again

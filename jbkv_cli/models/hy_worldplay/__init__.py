@@ -13,6 +13,8 @@ reconstituted context memory in jbkv's cache.
     pose          trajectory of cases without one (default w-{latents - 1})
     quantize_text store the text K/V with the variant's method too (default false: 16-bit)
     device, dtype default cuda + bfloat16 when available, else cpu + float32
+    precision     upstream (default: the latents in the model dtype between steps, as
+                  upstream) | fp32-accum (in float32); the DiT casts as upstream in both
     attention_backend  fused (default) | flex | reference
     offload       move encoders / DiT / VAE to the device only for their phase (default: on CUDA)
     seed          init seed of tiny-random
@@ -38,6 +40,7 @@ from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, trajectory_of
 from jbkv_cli.models.hy_worldplay.trajectory import is_json_path
+from jbkv_cli.models.precision import PRECISION, UPSTREAM
 from jbkv_cli.models.self_forcing.image import read_image
 
 __all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
@@ -59,6 +62,7 @@ OPTIONS: dict[str, Spec] = {
     "attention_backend": Spec("str", choices=("fused", "flex", "reference")),
     "offload": limits.FLAG,
     "seed": limits.SEED,
+    "precision": PRECISION,
 }
 
 
@@ -117,6 +121,7 @@ def _resolved(options: dict[str, Any]):
         quantize_text=bool(opt.get("quantize_text", False)),
         pose=opt.get("pose"),
         attention_backend=opt.get("attention_backend"),
+        precision=str(opt.get("precision", UPSTREAM)),
     )
     return settings, schedule, opt
 

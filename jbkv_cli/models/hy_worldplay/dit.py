@@ -36,6 +36,8 @@ from jbkv_cli.models.hy_worldplay.layers import (
     MLP,
     ByT5Mapper,
     FinalLayer,
+    LayerNorm,
+    Linear,
     ModulateDiT,
     RMSNorm,
     SingleTokenRefiner,
@@ -94,18 +96,18 @@ class MMDoubleStreamBlock(nn.Module):
         for side in ("img", "txt"):
             setattr(self, f"{side}_mod", ModulateDiT(hidden_size, 6))
             setattr(
-                self, f"{side}_norm1", nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+                self, f"{side}_norm1", LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
             )
             for name in ("q", "k", "v"):
-                setattr(self, f"{side}_attn_{name}", nn.Linear(hidden_size, hidden_size))
+                setattr(self, f"{side}_attn_{name}", Linear(hidden_size, hidden_size))
             setattr(self, f"{side}_attn_q_norm", RMSNorm(head_dim))
             setattr(self, f"{side}_attn_k_norm", RMSNorm(head_dim))
-            setattr(self, f"{side}_attn_proj", nn.Linear(hidden_size, hidden_size))
+            setattr(self, f"{side}_attn_proj", Linear(hidden_size, hidden_size))
             setattr(
-                self, f"{side}_norm2", nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+                self, f"{side}_norm2", LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
             )
             setattr(self, f"{side}_mlp", MLP(hidden_size, mlp_hidden, gelu_tanh()))
-        self.img_attn_prope_proj = nn.Linear(hidden_size, hidden_size)
+        self.img_attn_prope_proj = Linear(hidden_size, hidden_size)
 
     def qkv(self, side: str, x: torch.Tensor, vec: torch.Tensor):
         """``(q, k, v [B, L, H, D], (gate1, shift2, scale2, gate2))`` of one stream; q and k

@@ -10,6 +10,14 @@ Modulation here takes ``[B, C]`` (one vector per sample: the text stream) or ``[
 per token: the vision stream, whose every token carries its latent's timestep and action);
 upstream flattens the per-token case to ``[(B L), C]`` and reshapes it back, which is the same
 arithmetic.
+
+Casting: upstream's pipeline runs every transformer call under ``torch.autocast("cuda",
+bfloat16)`` (``worldplay_video_pipeline.py``, ``_ar_rollout_inner``) over bf16 weights, so
+``layer_norm`` runs in float32 and returns float32, the modulation after it is float32
+(``modulate`` casts shift and scale to ``x``'s dtype), and every ``linear``/``conv`` casts its
+input to bf16. :class:`LayerNorm` and :class:`Linear` state those two rules explicitly (every
+LayerNorm and Linear here is one of them), so the same code runs upstream's casting on a CPU
+or a GPU, with jbkv's cache code outside any autocast region; a float32 model is unchanged.
 """
 
 from __future__ import annotations
@@ -19,6 +27,24 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` computed in float32 and returned in float32 (CUDA autocast's rule for
+    ``layer_norm``; module docstring)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = None if self.weight is None else self.weight.float()
+        b = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, w, b, self.eps)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` on its input cast to the weight's dtype (CUDA autocast's rule for
+    ``linear``: a float32 norm or modulation output enters the bf16 matmul)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -55,9 +81,9 @@ class TimestepEmbedder(nn.Module):
         super().__init__()
         self.frequency_embedding_size = frequency_embedding_size
         self.mlp = nn.Sequential(
-            nn.Linear(frequency_embedding_size, hidden_size),
+            Linear(frequency_embedding_size, hidden_size),
             nn.SiLU(),
-            nn.Linear(hidden_size, hidden_size),
+            Linear(hidden_size, hidden_size),
         )
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -70,9 +96,9 @@ class MLP(nn.Module):
 
     def __init__(self, dim: int, hidden: int, act: nn.Module) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
+        self.fc1 = Linear(dim, hidden)
         self.act = act
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = Linear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -88,7 +114,7 @@ class ModulateDiT(nn.Module):
     def __init__(self, hidden_size: int, factor: int) -> None:
         super().__init__()
         self.act = nn.SiLU()
-        self.linear = nn.Linear(hidden_size, factor * hidden_size)
+        self.linear = Linear(hidden_size, factor * hidden_size)
 
     def forward(self, vec: torch.Tensor) -> torch.Tensor:
         return self.linear(self.act(vec))
@@ -114,9 +140,9 @@ class TextProjection(nn.Module):
 
     def __init__(self, in_channels: int, hidden_size: int) -> None:
         super().__init__()
-        self.linear_1 = nn.Linear(in_channels, hidden_size)
+        self.linear_1 = Linear(in_channels, hidden_size)
         self.act_1 = nn.SiLU()
-        self.linear_2 = nn.Linear(hidden_size, hidden_size)
+        self.linear_2 = Linear(hidden_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act_1(self.linear_1(x)))
@@ -128,11 +154,11 @@ class VisionProjection(nn.Module):
     def __init__(self, input_dim: int, output_dim: int) -> None:
         super().__init__()
         self.proj = nn.Sequential(
-            nn.LayerNorm(input_dim),
-            nn.Linear(input_dim, input_dim),
+            LayerNorm(input_dim),
+            Linear(input_dim, input_dim),
             nn.GELU(),
-            nn.Linear(input_dim, output_dim),
-            nn.LayerNorm(output_dim),
+            Linear(input_dim, output_dim),
+            LayerNorm(output_dim),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,10 +170,10 @@ class ByT5Mapper(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, hidden_dim: int, out_dim1: int) -> None:
         super().__init__()
-        self.layernorm = nn.LayerNorm(in_dim)
-        self.fc1 = nn.Linear(in_dim, hidden_dim)
-        self.fc2 = nn.Linear(hidden_dim, out_dim)
-        self.fc3 = nn.Linear(out_dim, out_dim1)
+        self.layernorm = LayerNorm(in_dim)
+        self.fc1 = Linear(in_dim, hidden_dim)
+        self.fc2 = Linear(hidden_dim, out_dim)
+        self.fc3 = Linear(out_dim, out_dim1)
         self.act_fn = nn.GELU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -161,14 +187,14 @@ class IndividualTokenRefinerBlock(nn.Module):
     def __init__(self, hidden_size: int, heads_num: int, mlp_width_ratio: float = 4.0) -> None:
         super().__init__()
         self.heads_num = heads_num
-        self.norm1 = nn.LayerNorm(hidden_size, eps=1e-6)
-        self.self_attn_qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.norm1 = LayerNorm(hidden_size, eps=1e-6)
+        self.self_attn_qkv = Linear(hidden_size, 3 * hidden_size)
         self.self_attn_q_norm = nn.Identity()
         self.self_attn_k_norm = nn.Identity()
-        self.self_attn_proj = nn.Linear(hidden_size, hidden_size)
-        self.norm2 = nn.LayerNorm(hidden_size, eps=1e-6)
+        self.self_attn_proj = Linear(hidden_size, hidden_size)
+        self.norm2 = LayerNorm(hidden_size, eps=1e-6)
         self.mlp = MLP(hidden_size, int(hidden_size * mlp_width_ratio), nn.SiLU())
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden_size, 2 * hidden_size))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         gate_msa, gate_mlp = self.adaLN_modulation(c).chunk(2, dim=-1)
@@ -204,7 +230,7 @@ class SingleTokenRefiner(nn.Module):
         self, in_channels: int, hidden_size: int, heads_num: int, depth: int, freq_dim: int = 256
     ) -> None:
         super().__init__()
-        self.input_embedder = nn.Linear(in_channels, hidden_size)
+        self.input_embedder = Linear(in_channels, hidden_size)
         self.t_embedder = TimestepEmbedder(hidden_size, freq_dim)
         self.c_embedder = TextProjection(in_channels, hidden_size)
         self.individual_token_refiner = IndividualTokenRefiner(hidden_size, heads_num, depth)
@@ -220,9 +246,9 @@ class FinalLayer(nn.Module):
 
     def __init__(self, hidden_size: int, out_size: int) -> None:
         super().__init__()
-        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.linear = nn.Linear(hidden_size, out_size)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        self.norm_final = LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.linear = Linear(hidden_size, out_size)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), Linear(hidden_size, 2 * hidden_size))
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)

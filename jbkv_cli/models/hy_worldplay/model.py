@@ -33,6 +33,7 @@ from jbkv_cli.models.hy_worldplay.trajectory import (
     trajectory_digest,
 )
 from jbkv_cli.models.hy_worldplay.vae import decode_frames, encode_image
+from jbkv_cli.models.precision import UPSTREAM, Precision
 from jbkv_cli.models.self_forcing.image import read_image
 from jbkv_cli.seeding import noise_generator
 
@@ -49,6 +50,7 @@ class Settings:
     quantize_text: bool
     pose: str | None
     attention_backend: str | None
+    precision: str = UPSTREAM  # 16-bit casting of the sampler (jbkv_cli.models.precision)
 
     def latents(self, schedule: Schedule) -> int:
         return self.num_chunks * schedule.chunk_latents
@@ -105,6 +107,7 @@ class HYWorldPlay:
             "dtype": str(s.dtype).replace("torch.", ""),
             "device": s.device,
             "attention_backend": s.attention_backend or "fused",
+            "precision": s.precision,
             "head_dim": cfg.head_dim,
         }
 
@@ -200,7 +203,8 @@ class HYWorldPlay:
     ) -> tuple[torch.Tensor, dict[str, Any], Conditions]:
         case = Case.of(case)
         cond = self.conditions(case)
-        dev = self.gen.device
+        gen = self.gen
+        dev = gen.device
         on_device = Conditions(
             cond.txt.to(dev), cond.vec_txt.to(dev), cond.cond.to(dev), cond.trajectory, cond.plan
         )
@@ -218,6 +222,7 @@ class HYWorldPlay:
                 progress=progress,
                 uncached=uncached,
                 on_step=on_step,
+                latent_dtype=Precision(gen.precision, gen.dtype).latents,
             )
         finally:
             self._place([self.dit], False)

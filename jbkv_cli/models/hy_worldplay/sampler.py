@@ -7,7 +7,8 @@
    memory K/V are committed (and quantized) there.
 3. Four denoising forwards of the chunk at time positions M..M+3, timestep ``1000 sigma_i``,
    each reading ``[text | memory | current]``; Euler ``x += v (sigma_{i+1} - sigma_i)`` in
-   float32, the latents kept in the model dtype between steps (as upstream keeps bf16).
+   float32, the latents kept between steps in ``latent_dtype`` (default the model dtype, as
+   upstream keeps bf16; ``precision=fp32-accum``: float32).
 
 ``uncached=True`` runs step 3 as :meth:`~.dit.WorldPlayDiT.full_forward` (memory recomputed
 inside every forward under the block mask, no cache at all): the reference the tests hold the
@@ -69,8 +70,10 @@ def rollout(
     progress: ProgressFn | None = None,
     uncached: bool = False,
     on_step: Any = None,
+    latent_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The clean latents ``[1, C, T, h, w]`` (model dtype) and facts about the cache.
+    """The clean latents ``[1, C, T, h, w]`` (``latent_dtype``; None: the DiT's) and facts
+    about the cache.
 
     ``on_step(chunk, step, latents_in, velocity)`` (tests) sees every denoising forward."""
     chunk = schedule.chunk_latents
@@ -87,7 +90,7 @@ def rollout(
     if not uncached:
         dit.text_pass(cond.txt, cond.vec_txt, cache.store_text)
         cache.measure()
-    latents = noise.to(dit.dtype).clone()
+    latents = noise.to(dit.dtype if latent_dtype is None else latent_dtype).clone()
     traj = cond.trajectory
     for c in range(chunks):
         idx = cond.plan[c]

@@ -13,6 +13,8 @@ Wan2.1-1.3B I2V DiT with keyboard/mouse ActionModules — with all of its caches
     quantize_actions  store the mouse/keyboard caches with the variant's KVSpec (default
                       true); false keeps them in full precision
     device, dtype     default cuda + bfloat16 when available, else cpu + float32
+    precision         upstream (default: the sampler's latents in the model dtype, as
+                      upstream) | fp32-accum (float32 latents); 16-bit models only
     attention_backend fused | flex | reference (jbkv's cached attention)
     init_seed         tiny-random's weight seed (0)
 
@@ -40,6 +42,7 @@ from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
 from jbkv_cli.models.matrix_game.model import MatrixGame2, Settings, check_case
+from jbkv_cli.models.precision import PRECISION, UPSTREAM
 
 __all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "input_paths", "load_model"]
 
@@ -54,6 +57,7 @@ OPTIONS: dict[str, Spec] = {
     "attention_backend": Spec("str", choices=("fused", "flex", "reference")),
     "init_seed": limits.SEED,
     "local_attn_size": Spec("int", lo=3, hi=3 * limits.MAX_CHUNKS),
+    "precision": PRECISION,
 }
 
 
@@ -110,6 +114,7 @@ def _resolved(options: dict[str, Any]) -> tuple[Settings, Preset, dict[str, Any]
         dtype=dtype,
         quantize_actions=bool(opt.get("quantize_actions", True)),
         attention_backend=opt.get("attention_backend"),
+        precision=str(opt.get("precision", UPSTREAM)),
     )
     return settings, preset, opt
 

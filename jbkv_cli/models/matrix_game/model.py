@@ -34,6 +34,12 @@ resized with PIL bilinear (upstream: torchvision ``Resize(antialias=True)``). ``
 = False`` keeps the mouse and keyboard caches in full precision (the main cache still follows
 the spec). A pruner in the spec prunes the main cache only. The diagnostics observer sees the
 main caches.
+
+Precision (``-o precision``, :mod:`jbkv_cli.models.precision`): the DiT casts as upstream's in
+both (its port keeps ``causal_model.py``'s order); in 16 bits ``upstream`` (the default) keeps
+the sampler's latents in the model dtype, as upstream (``inference.py`` draws bf16 noise; x₀ in
+float64 rounded to bf16, ``add_noise`` in float32 rounded to bf16), ``fp32-accum`` in float32.
+The latents are decoded in float32 either way.
 """
 
 from __future__ import annotations
@@ -51,10 +57,12 @@ from jbkv_cli.kvcache import FULL_PRECISION, ChunkKVCache, KVSpec, layer_caches
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.diffusers_wan import decode_wan
+from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.matrix_game.actions import Actions, read_actions
 from jbkv_cli.models.matrix_game.attention import CachedAttention
 from jbkv_cli.models.matrix_game.config import Preset
 from jbkv_cli.models.matrix_game.dit import MatrixGameDiT
+from jbkv_cli.models.precision import UPSTREAM, Precision
 from jbkv_cli.models.self_forcing.image import read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
 from jbkv_cli.seeding import noise_generator
@@ -78,6 +86,7 @@ class Settings:
     quantize_actions: bool = True
     attention_backend: str | None = None
     commit_frames: int = 3  # latent frames per committed piece: the chunk, or 1 (GTA)
+    precision: str = UPSTREAM  # 16-bit casting of the sampler (jbkv_cli.models.precision)
 
     @property
     def latent_frames(self) -> int:
@@ -141,6 +150,7 @@ class MatrixGame2:
         self.dit, self.vae, self.image_encoder = dit, vae, image_encoder
         self.preset, self.config = preset, s
         self.source = "tiny-random" if s.config == "tiny-random" else s.config
+        self.precision = Precision(s.precision, dtype_from_name(s.dtype))
         self.schedule = FewStepSchedule.build(
             len(preset.steps), preset.shift, preset.steps, warp=preset.warp
         )
@@ -214,7 +224,8 @@ class MatrixGame2:
         return main, mouse, keyboard
 
     def flow(self, x, t: float, f0: int, cond: Conditions, attn) -> torch.Tensor:
-        """The DiT's flow prediction for chunk latents ``x`` at latent frame ``f0``."""
+        """The DiT's flow prediction for chunk latents ``x`` at latent frame ``f0`` (in the
+        dtype the sampler keeps, :attr:`Precision.latents`)."""
         k = x.shape[2]
         a = cond.actions
         dt = self.dit.patch_embedding.weight.dtype
@@ -231,12 +242,13 @@ class MatrixGame2:
             a.keyboard.to(dev, dt),
             attn,
         )
-        return out.float()
+        return out.to(self.precision.latents)
 
     def draw(self, generator: torch.Generator) -> torch.Tensor:
+        """One chunk's noise, drawn in float32 on the CPU, in the sampler's dtype."""
         s = self.config
         shape = (1, 16, s.chunk_frames, s.height // 8, s.width // 8)
-        return torch.randn(shape, generator=generator).to(s.device)
+        return torch.randn(shape, generator=generator).to(s.device, self.precision.latents)
 
     def generate_latents(
         self,
@@ -321,7 +333,7 @@ class MatrixGame2:
             cond, seed, case.name, kv, progress=progress, observer=observer
         )
         with torch.no_grad():
-            frames = decode_wan(self.vae, latents)
+            frames = decode_wan(self.vae, latents.float())
         s = self.config
         record = {
             "dtype": s.dtype,

@@ -129,6 +129,7 @@ _KEPT = [
     "dtype",
     "attention_backend",
     "init_seed",
+    "precision",
 ]
 OPTIONS = {k: v for k, v in sf.OPTIONS.items() if k in _KEPT} | {
     "config": sf.Spec("str", choices=tuple(PRESETS)),
@@ -168,7 +169,10 @@ class RollingForcing(sf.SelfForcing):
 
     def flow_frames(self, x: torch.Tensor, times: list[float], text: torch.Tensor) -> torch.Tensor:
         """The flow ``v`` of a window ``x`` ``[1, C, F, h, w]`` whose frame ``f`` is at
-        timestep ``times[f]`` (per-token timesteps: frames are the outer token axis)."""
+        timestep ``times[f]`` (per-token timesteps: frames are the outer token axis; under
+        upstream's casting per frame, as ``CausalWanModel``)."""
+        if self.precision.upstream:
+            return self.upstream_flow(x, times, text)
         transformer = self.components.transformer
         per_frame = torch.tensor(times, dtype=torch.float32, device=x.device)
         timestep = per_frame.repeat_interleave(self.head_layout()["frame_tokens"])[None]
@@ -210,7 +214,7 @@ class RollingForcing(sf.SelfForcing):
             spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
         )
         layers = caches if probe is None else probe.wrap(caches)
-        context = ChunkContext(caches=layers, backend=s.attention_backend, key_rope=rope)
+        context = self.context(layers, rope)
         noisy: dict[int, torch.Tensor] = {}
         final: list[torch.Tensor | None] = [None] * s.num_chunks
         peak, working = PeakBytes(), 0
@@ -326,7 +330,8 @@ def load_model(**options: Any) -> RollingForcing:
     cache), ``base``, ``generator``, ``ema`` (true: ``generator_ema``); sampling: ``steps`` (5;
     the window's blocks) or ``step_list``, ``warp``, ``shift`` (5.0), ``num_chunks`` (7 blocks
     of 3 latent frames) or ``num_frames``, ``height``/``width`` (480/832), ``fps`` (16);
-    ``device``, ``dtype``, ``attention_backend``, ``init_seed`` (tiny-random weights, 0).
+    ``device``, ``dtype``, ``precision`` (16-bit casting, as ``self-forcing``),
+    ``attention_backend``, ``init_seed`` (tiny-random weights, 0).
     """
     options, settings, paths = _resolved(options)
     dtype = dtype_from_name(settings.dtype)
@@ -334,6 +339,4 @@ def load_model(**options: Any) -> RollingForcing:
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
     else:
         components = load_components(paths, dtype, settings.ema, None)
-    components.transformer.to(settings.device)
-    components.vae.to(settings.device)
-    return RollingForcing(components, settings)
+    return RollingForcing(sf.place(components, settings), settings)

@@ -53,6 +53,14 @@ cache keeps attention sinks in full precision) plus the last ``window`` chunks:
 Noise: one CPU generator seeded from (seed, case name) draws, chunk after chunk (generated chunks
 only), the chunk's initial noise then its re-noising ε; the same for every variant, and a longer
 video starts with the same draws as a shorter one.
+
+Precision (``-o precision``, :mod:`jbkv_cli.models.precision`): in 16 bits ``upstream`` (the
+default) runs upstream's casting — every parameter in the model dtype, the transformer in
+``CausalWanModel``'s order (:mod:`~jbkv_cli.models.self_forcing.upstream`), the latents kept in
+the model dtype (the noise rounded to it, x₀ computed in float64 and rounded, the re-noised
+input computed in float32 and rounded, as upstream's ``add_noise`` ``type_as(noise)``);
+``fp32-accum`` runs diffusers' transformer with its float32 modules and keeps the latents in
+float32. Both decode the latents in float32.
 """
 
 from __future__ import annotations
@@ -84,6 +92,7 @@ from jbkv_cli.models.diffusers_wan import (
     vae_scale,
 )
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.models.precision import PRECISION, UPSTREAM, Precision
 from jbkv_cli.models.self_forcing.components import (
     Components,
     WeightPaths,
@@ -94,6 +103,12 @@ from jbkv_cli.models.self_forcing.components import (
 )
 from jbkv_cli.models.self_forcing.image import encode_image, read_image
 from jbkv_cli.models.self_forcing.schedule import FewStepSchedule, renoise, to_x0
+from jbkv_cli.models.self_forcing.upstream import (
+    cast_all,
+    float64_rope,
+    upstream_forward,
+    wan_rms_norm,
+)
 from jbkv_cli.seeding import noise_generator
 
 CLEAN_CONTEXT = "extra forward of each finished chunk at t=0 (context_noise 0), K/V committed once"
@@ -127,7 +142,8 @@ class SelfForcingSettings:
     trained on (None: no limit), refused beyond unless ``beyond_horizon``.
     ``window``: finished chunks kept besides the sinks (None: all); ``sink``: first chunks kept
     for good. ``ema``: read ``generator_ema`` from a training checkpoint. ``lora_alpha``: LoRA
-    scale numerator (None: the rank, i.e. scale 1).
+    scale numerator (None: the rank, i.e. scale 1). ``precision``: the 16-bit casting
+    (:mod:`jbkv_cli.models.precision`).
     """
 
     config: str
@@ -154,6 +170,7 @@ class SelfForcingSettings:
     attention_backend: str | None
     horizon: int | None = None
     beyond_horizon: bool = False
+    precision: str = UPSTREAM
 
     @property
     def latent_frames(self) -> int:
@@ -219,6 +236,7 @@ OPTIONS: dict[str, Spec] = {
     "lora_alpha": Spec("float", lo=0, lo_open=True, hi=1e6),
     "window": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
     "sink": Spec("int", lo=0, hi=WAN_OPTIONS["num_chunks"].hi),
+    "precision": PRECISION,
 }
 assert set(_SELF_FORCING) <= set(OPTIONS)
 
@@ -232,6 +250,7 @@ class SelfForcing(WanHeads):
         self.components = components
         self.config = settings
         s = settings
+        self.precision = Precision(s.precision, dtype_from_name(s.dtype))
         self.schedule = FewStepSchedule.build(s.steps, s.shift, s.step_list, s.warp)
         first = s.first_chunk_steps
         self.first_schedule = (
@@ -274,7 +293,10 @@ class SelfForcing(WanHeads):
         return self._texts[text].to(self.config.device)
 
     def flow(self, x: torch.Tensor, t: float, text: torch.Tensor) -> torch.Tensor:
-        """The generator's flow prediction ``v`` for chunk latents ``x`` ``[1, C, k, h, w]``."""
+        """The generator's flow prediction ``v`` for chunk latents ``x`` ``[1, C, k, h, w]``
+        (the model dtype under upstream's casting, else float32)."""
+        if self.precision.upstream:
+            return self.upstream_flow(x, [float(t)] * x.shape[2], text)
         transformer = self.components.transformer
         timestep = torch.full((x.shape[0],), float(t), dtype=torch.float32, device=x.device)
         out = transformer(
@@ -285,6 +307,20 @@ class SelfForcing(WanHeads):
         )[0]
         return out.float()
 
+    def upstream_flow(self, x: torch.Tensor, times: list[float], text: torch.Tensor):
+        """The flow of ``x`` with latent frame ``f`` at ``times[f]``, in upstream's casting
+        (:func:`~jbkv_cli.models.self_forcing.upstream.upstream_forward`)."""
+        transformer = self.components.transformer
+        t = torch.tensor([times], dtype=torch.float32, device=x.device)
+        return upstream_forward(transformer, x.to(transformer.dtype), t, text)
+
+    def context(self, caches, rope) -> ChunkContext:
+        """The cached processors' shared state, with upstream's q/k norm when it applies."""
+        norm = wan_rms_norm if self.precision.upstream else None
+        return ChunkContext(
+            caches=caches, backend=self.config.attention_backend, key_rope=rope, qk_norm=norm
+        )
+
     @property
     def chunk_shape(self) -> tuple[int, ...]:
         """``(1, C, k, h, w)``: one chunk's latents."""
@@ -294,9 +330,11 @@ class SelfForcing(WanHeads):
         return (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
 
     def draw(self, generator: torch.Generator) -> torch.Tensor:
-        """float32 Gaussian latents of one chunk, drawn on the CPU, moved to the device."""
+        """Gaussian latents of one chunk, drawn in float32 on the CPU, moved to the device in
+        the dtype the sampler keeps (:attr:`Precision.latents`)."""
         shape = self.chunk_shape
-        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.config.device)
+        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
+        return noise.to(self.config.device, self.precision.latents)
 
     def encode_image(self, path: str, case: str) -> torch.Tensor:
         """The image at ``path`` as one normalised latent frame ``[1, C, 1, h, w]`` (float32)."""
@@ -348,7 +386,7 @@ class SelfForcing(WanHeads):
             spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
         )
         layers = caches if probe is None else probe.wrap(caches)
-        context = ChunkContext(caches=layers, backend=s.attention_backend, key_rope=rope)
+        context = self.context(layers, rope)
         chunks, peak, working = [], PeakBytes(), 0
         first = 0
         if image is not None:
@@ -358,7 +396,7 @@ class SelfForcing(WanHeads):
                     f"latent of shape {self.chunk_shape}, got chunk_frames={s.chunk_frames} "
                     f"and {tuple(image.shape)}"
                 )
-            chunks.append(image.to(self.config.device, torch.float32))
+            chunks.append(image.to(self.config.device, self.precision.latents))
             first = 1
         with torch.no_grad(), cached_self_attention(transformer, context):
             if image is not None:  # the image latent's K/V, committed as a finished chunk's
@@ -432,7 +470,7 @@ class SelfForcing(WanHeads):
         if case.image is not None:
             info["image"] = case.image
         label = self.resolve_kv(kv).label
-        return chunk_video(self.components, self.config, latents, label, info | cache_info)
+        return chunk_video(self.components, self.config, latents.float(), label, info | cache_info)
 
 
 def check_case(case: Case, settings: SelfForcingSettings) -> None:
@@ -500,6 +538,7 @@ def build_settings(
     check_horizon(config, values["chunk_frames"], values["num_chunks"], beyond)
     values["shift"] = float(values["shift"])
     values["ema"] = bool(values["ema"])
+    precision = str(options.get("precision", UPSTREAM))
     if values["lora_alpha"] is not None:
         values["lora_alpha"] = float(values["lora_alpha"])
     device, dtype, backend = runtime_options(options)
@@ -517,6 +556,7 @@ def build_settings(
         **{k: values[k] for k in preset},
         horizon=HORIZONS.get(config),
         beyond_horizon=beyond,
+        precision=precision,
     )
 
 
@@ -599,8 +639,8 @@ def load_model(**options: Any) -> SelfForcing:
     ``chunk_frames`` (3), ``num_chunks`` (7) or ``num_frames`` (81), ``window`` (6) and ``sink``
     (0) in chunks or ``local_attn_size`` + ``sink_size`` in frames (LongLive: 12, 3),
     ``height``/``width`` (480/832), ``fps`` (16); ``device``, ``dtype`` (bfloat16 on cuda,
-    float32 on cpu), ``attention_backend`` (fused, flex, reference), ``init_seed``
-    (tiny-random weights, 0).
+    float32 on cpu), ``precision`` (``upstream`` | ``fp32-accum``, 16-bit casting),
+    ``attention_backend`` (fused, flex, reference), ``init_seed`` (tiny-random weights, 0).
     """
     options, settings, paths = _resolved(options)
     dtype = dtype_from_name(settings.dtype)
@@ -614,6 +654,17 @@ def load_model(**options: Any) -> SelfForcing:
             f"{settings.num_chunks} chunks of {settings.chunk_frames} latent frames exceed the "
             f"model's rotary table ({rope_frames} latent frames)"
         )
+    return SelfForcing(place(components, settings), settings)
+
+
+def place(components: Components, settings: SelfForcingSettings) -> Components:
+    """``components`` on the settings' device, the transformer cast as its precision says:
+    under upstream's rules every parameter in the model dtype and the RoPE table float64
+    (:mod:`~jbkv_cli.models.self_forcing.upstream`); else diffusers' float32 modules kept."""
+    precision = Precision(settings.precision, dtype_from_name(settings.dtype))
+    if precision.upstream:
+        cast_all(components.transformer, precision.dtype)
+        float64_rope(components.transformer.rope)
     components.transformer.to(settings.device)
     components.vae.to(settings.device)
-    return SelfForcing(components, settings)
+    return components

@@ -17,9 +17,9 @@ Facts from guandeh17/Self-Forcing @33593df (``utils/scheduler.py: FlowMatchSched
   (``warp_denoising_step: false``): the model sees t = 1000, 757, 522 themselves and x₀ / the
   re-noise use σ of the table entry whose timestep is nearest to t (``argmin |t_j − t|``, the
   first on a tie); ``wan_causal_dmd_warp_4step_cfg2.yaml`` warps [1000, 750, 500, 250];
-* each step the generator predicts the flow ``v`` and ``x₀ = x_t − σ_t v`` (float64); before the
-  next step ``x ← (1 − σ_next) x₀ + σ_next ε`` with fresh Gaussian noise ε; the last step's x₀ is
-  the chunk. The clean-context pass then runs the chunk at ``context_noise`` = t = 0.
+* each step the generator predicts the flow ``v`` and ``x₀ = x_t − σ_t v`` (float64, rounded to
+  the latents' dtype); before the next step ``x ← (1 − σ_next) x₀ + σ_next ε`` with fresh
+  Gaussian noise ε (float32, rounded to the latents' dtype); the last step's x₀ is the chunk. The clean-context pass then runs the chunk at ``context_noise`` = t = 0.
 """
 
 from __future__ import annotations
@@ -83,5 +83,7 @@ def to_x0(x_t: torch.Tensor, flow: torch.Tensor, sigma: float) -> torch.Tensor:
 
 
 def renoise(x0: torch.Tensor, noise: torch.Tensor, sigma: float) -> torch.Tensor:
-    """``(1 − σ) x₀ + σ ε``: the input of the next step, at noise level σ."""
-    return (1 - sigma) * x0 + sigma * noise
+    """``(1 − σ) x₀ + σ ε``: the input of the next step, at noise level σ, computed in float32
+    (σ is a float32 table value) and returned in ``x₀``'s dtype, as upstream's ``add_noise``
+    (``sample.type_as(noise)``, noise and latents in one dtype)."""
+    return ((1 - sigma) * x0.float() + sigma * noise.float()).to(x0.dtype)

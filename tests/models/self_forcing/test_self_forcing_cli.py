@@ -82,6 +82,22 @@ def test_self_forcing_quantize_eval_small(tmp_path):
     assert {row["variant"] for row in results["rows"]} >= {"int2-rtn-g32", "int2-rtn-g32-taylor"}
 
 
+def test_self_forcing_unknown_precision_is_one_usage_line(tmp_path):
+    """Through the installed jbkv: exit 2, one line naming the choices, nothing written."""
+    jbkv = Path(sys.executable).with_name("jbkv")
+    if not jbkv.is_file():
+        pytest.skip(f"no installed jbkv next to {sys.executable}")
+    argv = [str(jbkv), "generate", *TINY, "-o", "precision=half", "--prompt", "a cat"]
+    result = subprocess.run(
+        [*argv, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "error: self-forcing: precision must be one of upstream, fp32-accum, got 'half'"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_self_forcing_missing_weights_exit_1_with_one_line(tmp_path):
     result = invoke("generate", "--model", "self-forcing", "--weights", tmp_path, "--prompt", "x")
     assert result.exit_code == 1
