@@ -12,7 +12,8 @@ Each chunk (256 tokens of one layer on the model) is stored by the method as the
 and per group of channels, over its tokens: ``Cov(e, k)/Var(e)`` and ``Cov(e, k̂)/Var(e)``
 (``e = k̂ − k``; additive noise ≈ (0, 1), centroid type ≈ (−1, 0); the two differ by 1),
 reported as the mean over chunks, heads and groups with the range; then with the real queries,
-the cached log-partition shift the stored keys cause and what ``taylor`` and ``signed`` leave
+the cached log-partition shift the stored keys cause and what ``taylor``, ``signed`` and its
+two ablations (``signed-excess``, ``signed-unshrink``) leave
 (:mod:`jbkv_cli.attention.partition`), means over observed calls.
 
     python benchmarks/noise_models.py [--prompts 2] [--calls 24] [--bits 2]
@@ -40,7 +41,9 @@ from jbkv_cli.models.registry import load_model
 from jbkv_cli.quant import METHODS, build_method
 from jbkv_cli.quant.noise import MIXED, error_covariances, measure_noise
 from jbkv_cli.quant.queries import QueryStats
-from jbkv_cli.quant.tensor import Segmented
+from jbkv_cli.quant.tensor import UNSHRINK, Segmented, resolve_rule, signed_terms
+
+CORRECTIONS = ("none", "taylor", "signed", "signed-excess", "signed-unshrink")
 
 
 @dataclass
@@ -94,7 +97,7 @@ def evaluate(name: str, bits: int, calls: list, chunk: int) -> dict:
     kw = {"seed": 0} if "seed" in {f.name for f in fields(METHODS[name])} else {}
     method = build_method(name, bits, 32, **kw)
     history: dict[int, QueryStats] = {}
-    shares, shifts = [], {"none": [], "taylor": [], "signed": []}
+    shares, shifts = [], {c: [] for c in CORRECTIONS}
     for layer, q, keys, scale in calls:
         hist = history.setdefault(layer, QueryStats())
         parts = store(method, keys, chunk, hist if not hist.empty else None)
@@ -104,19 +107,26 @@ def evaluate(name: str, bits: int, calls: list, chunk: int) -> dict:
             c = error_covariances(x, t, groups)
             shares.append(torch.stack([c.cov_e_k / c.var_e, c.cov_e_khat / c.var_e]).flatten(1))
         stored = Segmented([t for _, t in parts], groups)
-        signed = Segmented(
-            [measure_noise(x, t) if t.noise_model == MIXED else t for x, t in parts], groups
-        )
         k_hat = stored.dequantize().float()
         s_hat = scale * q @ k_hat.transpose(-1, -2)
         s_ref = scale * q @ keys.transpose(-1, -2)
-        for corr, t in (("none", stored), ("taylor", stored), ("signed", signed)):
+        for corr in CORRECTIONS:
+            c = get_correction(corr)
+            t = stored
+            if c.form == "variance":  # the chunks' mixed noise measured as the cache would
+                measured = [
+                    measure_noise(x, p, resolve_rule(p, c.rule) == UNSHRINK)
+                    if p.noise_model == MIXED
+                    else p
+                    for x, p in parts
+                ]
+                t = Segmented(measured, groups)
             added = None
-            form = get_correction(corr).form
-            if form is not None:
-                added = -jensen_bias(q, t.step, scale, form, t.rotation, t.noise_step2)
-                if form == "variance" and t.unshrink is not None:
-                    added = added + (t.unshrink.transpose(-1, -2) - 1) * s_hat
+            if c.form is not None:
+                w, u = signed_terms(t, groups, c.rule)
+                added = -jensen_bias(q, t.step, scale, c.form, t.rotation, w)
+                if u is not None:
+                    added = added + (u.transpose(-1, -2) - 1) * s_hat
             shift, predicted = log_partition_shift(s_hat, s_ref, added)
             shifts[corr].append(float((shift - predicted).mean()))
     cat = torch.cat(shares, dim=1)  # [2, groups over chunks and heads]
@@ -128,7 +138,7 @@ def evaluate(name: str, bits: int, calls: list, chunk: int) -> dict:
             "max": float(cat[i].max()),
         }
     row["shift"] = sum(shifts["none"]) / len(shifts["none"])
-    for corr in ("taylor", "signed"):
+    for corr in CORRECTIONS[1:]:
         row[f"{corr}_left"] = sum(shifts[corr]) / len(shifts[corr])
     return row
 
@@ -158,7 +168,7 @@ def main() -> None:
     )
     for col in ("method", "declared", "keys", "Cov(e,k)/Var(e)", "Cov(e,k̂)/Var(e)"):
         table.add_column(col, justify="left" if col in ("method", "declared", "keys") else "right")
-    for col in ("Δlog Z", "taylor leaves", "signed leaves"):
+    for col in ("Δlog Z", *(f"{c} leaves" for c in CORRECTIONS[1:])):
         table.add_column(col, justify="right")
 
     def share(s: dict) -> str:
@@ -174,8 +184,7 @@ def main() -> None:
                 share(r["cov_e_k"]),
                 share(r["cov_e_khat"]),
                 f"{r['shift']:+.4f}",
-                f"{r['taylor_left']:+.4f}",
-                f"{r['signed_left']:+.4f}",
+                *(f"{r[f'{c}_left']:+.4f}" for c in CORRECTIONS[1:]),
             )
     Console(width=160).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -156,6 +156,7 @@ _SORT_KEYS = {
     "work MB": lambda r: r.kv_working_bytes,
     "peak MB": lambda r: r.cuda_peak_bytes,
     "bias share": lambda r: r.mean("bias_share"),
+    "removed": lambda r: r.mean("correction_removed"),
     "s/video": lambda r: r.mean("seconds"),
 }
 
@@ -314,7 +315,8 @@ def memory_section(rows: list[ResultRow]) -> str:
 
 
 def bias_share_section(rows: list[ResultRow]) -> str:
-    """The bias share of the keys' attention error per variant and layer (bias_share.py)."""
+    """The bias share of the keys' attention error and what each correction removes, per
+    variant and layer (bias_share.py)."""
     shown = [r for r in rows if r.bias_share is not None]
     if not shown:
         return ""
@@ -323,7 +325,11 @@ def bias_share_section(rows: list[ResultRow]) -> str:
     body = []
     for r in shown:
         by_layer = r.bias_share_by_layer or {}
-        cells = [format_stat(r.bias_share, 3), format_stat(r.bias_explained, 3, True)]
+        cells = [
+            format_stat(r.bias_share, 3),
+            format_stat(r.correction_removed, 3, True),
+            format_stat(r.bias_explained, 3, True),
+        ]
         for k in layers:
             stat = Stat.from_dict((by_layer.get(k) or {}).get("share"), f"layer {k}")
             cells.append(format_stat(stat, 3))
@@ -332,14 +338,19 @@ def bias_share_section(rows: list[ResultRow]) -> str:
     return (
         "<h2>Where the attention error comes from</h2>"
         '<p class="meta">Bias share: Σ‖softmax(s + β)V − o‖² / Σ‖softmax(ŝ)V − o‖², the '
-        "attention-output error of the exact keys with the predicted bias β added, against "
-        "that of the stored keys (exact values in both; o the full-precision output). Near 1: "
-        "the keys' error is the bias, which a correction can remove; near 0: rounding noise. "
-        "Explained: 1 − Σ‖softmax(ŝ)V − softmax(s + β)V‖² / Σ‖softmax(ŝ)V − o‖² (the numerator: "
-        "what removing β would leave), so a prediction of the wrong sign scores below 0. "
-        "Mean ± SE over videos, overall and per layer (per head in the JSON).</p>"
+        "attention-output error that the predicted bias β alone reproduces (added to the exact "
+        "keys' scores) against that of the stored keys (exact values in both; o the "
+        "full-precision output; β: what the variant's correction removes, or for an "
+        "uncorrected variant what the method's own noise model predicts). It is a ratio of "
+        "error sizes, not a bound on what a correction recovers. Removed: 1 − "
+        "Σ‖softmax(ŝ + a)V − o‖² / Σ‖softmax(ŝ)V − o‖², what the variant's correction a "
+        "actually removes of that error on the same calls (— without a correction; below 0 it "
+        "adds error). Explained: 1 − Σ‖softmax(ŝ)V − softmax(s + β)V‖² / Σ‖softmax(ŝ)V − o‖², "
+        "its first-order estimate. Mean ± SE over videos, overall and per layer (per head in "
+        "the JSON).</p>"
         f'<table class="sortable" id="bias-share"><thead><tr><th class="text">variant</th>'
-        f'<th scope="col">all layers</th><th scope="col">explained</th>{head}</tr></thead>\n<tbody>{"".join(body)}</tbody>'
+        f'<th scope="col">all layers</th><th scope="col">removed</th>'
+        f'<th scope="col">explained</th>{head}</tr></thead>\n<tbody>{"".join(body)}</tbody>'
         "</table>"
     )
 

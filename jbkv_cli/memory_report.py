@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jbkv_cli.attention.bias_share import explained, share
+from jbkv_cli.attention.bias_share import explained, removed, share
 from jbkv_cli.results import Stat
 
 
@@ -32,19 +32,23 @@ def memory_fields(records: list[dict[str, Any]]) -> dict[str, int | None]:
 
 
 def bias_share_by_layer(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """``{layer: {"share", "explained": Stat dicts over videos, "heads": [mean share per
-    head]}}``."""
+    """``{layer: {"share", "explained", "removed": Stat dicts over videos (removed: None
+    without a correction), "heads": [mean share per head]}}``."""
     per_layer: dict[str, list[float]] = {}
     per_layer_explained: dict[str, list[float]] = {}
+    per_layer_removed: dict[str, list[float | None]] = {}
     per_head: dict[str, list[list[float]]] = {}
     for r in records:
         layers = (r.get("attention_error") or {}).get("layers") or []
-        for index, e_quant, e_bias, _, heads_quant, heads_bias, e_left in layers:
+        for index, e_quant, e_bias, _, heads_quant, heads_bias, e_left, *rest in layers:
             layer = str(index)
             s = share(e_bias, e_quant)
             if s is not None:
                 per_layer.setdefault(layer, []).append(s)
                 per_layer_explained.setdefault(layer, []).append(explained(e_left, e_quant))
+                e_corr = rest[0] if rest else None
+                gone = None if e_corr is None else removed(e_corr, e_quant)
+                per_layer_removed.setdefault(layer, []).append(gone)
             heads = [share(b, q) for b, q in zip(heads_bias, heads_quant, strict=True)]
             per_head.setdefault(layer, []).append(heads)
     if not per_layer:
@@ -53,11 +57,13 @@ def bias_share_by_layer(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     for layer in sorted(per_layer, key=int):
         stat = Stat.of(per_layer[layer])
         expl = Stat.of(per_layer_explained[layer])
+        gone = Stat.of(per_layer_removed[layer])
         columns = zip(*per_head.get(layer, []), strict=False)
         heads = [Stat.of(list(c)) for c in columns]
         out[layer] = {
             "share": None if stat is None else stat.to_dict(),
             "explained": None if expl is None else expl.to_dict(),
+            "removed": None if gone is None else gone.to_dict(),
             "heads": [None if h is None else round(h.mean, 6) for h in heads],
         }
     return out

@@ -35,8 +35,10 @@ LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/pa
 ERROR_METRICS = (
     "bias_share",
     "bias_explained",
+    "correction_removed",
     "attn_err_quant",
     "attn_err_bias",
+    "attn_err_corrected",
 )  # attention/bias_share.py
 
 
@@ -316,6 +318,7 @@ COLUMNS = (
     "work MB",
     "peak MB",
     "bias share",
+    "removed",
     "s/video",
 )
 TEXT_COLUMNS = ("variant", "scheme", "corrected")
@@ -334,8 +337,9 @@ class Layout:
     bare: frozenset[str] = frozenset()
 
 
-# working bytes per read, CUDA peak per video, bias share (attention/memory.py, bias_share.py)
-MEMORY_COLUMNS = frozenset({"work MB", "peak MB", "bias share"})
+# working bytes per read, CUDA peak per video, bias share and what the correction removes
+# (attention/memory.py, bias_share.py)
+MEMORY_COLUMNS = frozenset({"work MB", "peak MB", "bias share", "removed"})
 _REDUNDANT = frozenset({"scheme", "bits", "corrected"})  # the variant label says them
 _SECONDARY = _REDUNDANT | {
     "KV MB",
@@ -412,6 +416,7 @@ def table_cells(
             "work MB": megabytes(r.kv_working_bytes),
             "peak MB": megabytes(r.cuda_peak_bytes),
             "bias share": "—" if ref else fmt("bias share", r.bias_share, 3),
+            "removed": "—" if ref else fmt("removed", r.correction_removed, 3, signed=True),
             "s/video": fmt("s/video", r.seconds, 2),
         }
         cells.append([full[c] for c in cols])

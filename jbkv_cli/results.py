@@ -53,6 +53,7 @@ METRICS = ("psnr", "ssim", "lpips", "delta_ps", "jsd", "out_mse", "noise_var_rat
 METRICS += ("noise_z_mean", "seconds", "token_shift")
 METRICS += ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")
 METRICS += ("bias_share", "bias_explained", "attn_err_quant", "attn_err_bias")
+METRICS += ("correction_removed", "attn_err_corrected")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,10 @@ class ResultRow:
     bias_explained: Stat | None = None  # 1 − Σ‖ô − o_β‖² / Σ‖ô − o‖²: direction-aware
     attn_err_quant: Stat | None = None
     attn_err_bias: Stat | None = None
+    # what the variant's correction removes, measured on the same calls: 1 − Σ‖ô_corr − o‖² /
+    # Σ‖ô − o‖² (None without a correction), and its mean squared error per output element
+    correction_removed: Stat | None = None
+    attn_err_corrected: Stat | None = None
     bias_share_by_layer: dict[str, Any] | None = None
     # of the token-rows the caches held after each commit, the share stored compressed, and
     # the share of rows a pruner dropped (kvcache/coverage.py); None: not recorded (old runs)

@@ -200,20 +200,26 @@ def _attention_error_problem(err: Any) -> str | None:
     if not isinstance(err, dict):
         return _bad("attention_error", "an object with 'layers' and 'cells'", err)
     layers = err.get("layers")
-    ok = isinstance(layers, list) and all(
-        isinstance(e, list)
-        and len(e) == 7
-        and _integer(e[0], -1, MAX_COUNT)
-        and _numbers([*e[1:3], e[6]], 0, BIG)
-        and _integer(e[3], 0, MAX_INT)
-        and _numbers(e[4], 0, BIG)
-        and _numbers(e[5], 0, BIG)
-        and len(e[4]) == len(e[5])
-        for e in layers
+    ok = (
+        isinstance(layers, list)
+        and all(
+            isinstance(e, list)
+            and len(e) in (7, 8)  # E_corr (8th) since corrections report what they remove
+            and _integer(e[0], -1, MAX_COUNT)
+            and _numbers([*e[1:3], e[6]], 0, BIG)
+            and (len(e) == 7 or e[7] is None or _number(e[7], 0, BIG))
+            and _integer(e[3], 0, MAX_INT)
+            and _numbers(e[4], 0, BIG)
+            and _numbers(e[5], 0, BIG)
+            and len(e[4]) == len(e[5])
+            for e in layers
+        )
     )
     if not ok:
         return _bad(
-            "attention_error.layers", "[[layer, E_quant, E_bias, n, [..], [..], E_left]]", layers
+            "attention_error.layers",
+            "[[layer, E_quant, E_bias, n, [..], [..], E_left, E_corr]]",
+            layers,
         )
     cells = err.get("cells")
     ok = isinstance(cells, list) and all(

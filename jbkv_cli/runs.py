@@ -1,6 +1,6 @@
 """Run directories: what was generated, with which settings, and what is finished.
 
-Layout (design.md §5)::
+Layout::
 
     RUN/manifest.json                       model, settings, prompts, seeds, versions, hardware
                                             (and ``cases``: the inputs of every case that is

@@ -1,4 +1,5 @@
-"""Seeds: every variant of a (prompt, seed) pair starts from the same noise (design.md §4)."""
+"""Seeds: every variant of a (prompt, seed) pair starts from the same noise, drawn on the CPU
+from a generator seeded with ``sha256(f"{seed}\\0{prompt}")`` (:func:`derive_seed`)."""
 
 from __future__ import annotations
 

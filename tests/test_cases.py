@@ -140,7 +140,7 @@ def test_case_round_trip_keeps_the_plan_out_of_identity():
 
 def test_prompt_only_case_keeps_the_old_noise_and_frames():
     """The tiny model generates ``Case(prompt)`` exactly as it generated ``prompt`` before cases,
-    from noise seeded by ``sha256(f"{seed}\\0{prompt}")`` (the rule of design.md §4)."""
+    from noise seeded by ``sha256(f"{seed}\\0{prompt}")`` (``jbkv_cli/seeding.py``)."""
     import hashlib
 
     from jbkv_cli.kvcache import FULL_PRECISION

@@ -45,6 +45,15 @@ def test_bias_share_per_variant_layer_and_head(result):
         assert -1 < r.bias_explained.mean < 1
         layers = r.bias_share_by_layer
         assert layers and all(len(e["heads"]) > 0 for e in layers.values())
+        # what the variant's correction removes of the keys' attention error, measured on the
+        # same calls: none without a correction
+        if r.corrected:
+            assert -1 < r.correction_removed.mean < 1 and r.correction_removed.n == r.videos
+            assert r.attn_err_corrected.mean > 0
+            assert all(e["removed"] is not None for e in layers.values())
+        else:
+            assert r.correction_removed is None and r.attn_err_corrected is None
+            assert all(e["removed"] is None for e in layers.values())
     run, _, _ = result
     record = run.records(next(r.variant for r in rows if r.bits == 2))[0]
     # each denoising step and the refresh pass of a chunk is a read since the layer's commit
@@ -59,9 +68,11 @@ def test_bias_share_per_variant_layer_and_head(result):
 def test_table_html_and_heatmap_show_them(result, tiny_run):
     run, rows, data = result
     table = to_markdown(rows)
-    assert all(c in table.splitlines()[0] for c in ("work MB", "peak MB", "bias share"))
+    head = table.splitlines()[0]
+    assert all(c in head for c in ("work MB", "peak MB", "bias share", "removed"))
     page = render_page(run, data, tiny_run / "report")
     assert "<h2>Memory</h2>" in page and "Where the attention error comes from" in page
+    assert '<th scope="col">removed</th>' in page and "not a bound" in page
     assert (tiny_run / "report" / "attention_error.png").is_file()
     assert '<img src="attention_error.png"' in page
 
@@ -91,9 +102,13 @@ def test_gate_compares_working_bytes_relative(result):
         ("cuda_memory", {"peak_bytes": 1.5}, "cuda_memory.peak_bytes"),
         ("attention_error", {"layers": [[0, 1.0, 1.0, 4, [1.0], [], 0.0]]}, "error.layers"),
         ("attention_error", {"layers": [], "cells": [[0, 0, 0, 0.0, 1.0, 1.0, 0.0]]}, "cells"),
+        ("attention_error", {"layers": [[0, 1.0, 1.0, 4, [1.0], [1.0], 0.0, -1.0]]}, "layers"),
     ],
 )
 def test_damaged_memory_fields_are_named(field, value, named):
     record = {"prompt": "p", "seed": 0, "index": 0, "kv_cache_bytes": 1, "seconds": 1.0}
     assert record_problem(record) is None
+    for e_corr in ([], [None], [0.5]):  # records before E_corr, uncorrected, corrected
+        layers = [[0, 1.0, 1.0, 4, [1.0], [1.0], 0.0, *e_corr]]
+        assert record_problem(record | {"attention_error": {"layers": layers, "cells": []}}) is None
     assert named in record_problem(record | {field: value})

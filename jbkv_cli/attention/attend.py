@@ -58,7 +58,7 @@ from jbkv_cli.attention.correction import (
 from jbkv_cli.attention.memory import active_meter, shape_of
 from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.quant.tensor import QuantizedTensor
+from jbkv_cli.quant.tensor import DECLARED, QuantizedTensor, signed_terms
 
 
 @dataclass
@@ -70,10 +70,14 @@ class CachedKV:
     rotated basis. ``k_ref``/``v_ref``: full-precision copies, present only while diagnostics
     are recorded. ``valid`` ``[B, Hkv, Lc]`` (bool): the tokens a pruner kept for each KV head
     (None: all); attention masks the others. ``k_step2`` ``[B, Hkv, Lc, G]`` and ``k_unshrink``
-    ``[B, Hkv, Lc, 1]``: what the signed correction reads (the keys' ``noise_step2``, 12 × the
-    variance of their unshrunk noise, zeros for exact keys, and ``unshrink``, None for all ones;
-    both None when not gathered). ``copies`` ``[B, Hkv, Lc]`` (uint8): how many times each
-    cached token is read (0 where not ``valid``; None: once each).
+    ``[B, Hkv, Lc, 1]``: what the variant's signed correction reads (``w``: the keys'
+    ``excess_step2``, 12 × their excess variance, or under the ``signed-unshrink`` ablation their
+    ``noise_step2``, 12 × the variance of their unshrunk noise; zeros for exact keys; ``u``: the
+    ablation's ``unshrink``, None for all ones; both None when not gathered). ``noise_ref``:
+    the same pair under the default ``signed`` rule for a variant that does not read it, kept
+    for the diagnostics only (the method's own model, :mod:`jbkv_cli.attention.bias_share`).
+    ``copies`` ``[B, Hkv, Lc]`` (uint8): how many times each cached token is read (0 where not
+    ``valid``; None: once each).
     """
 
     k: torch.Tensor
@@ -87,15 +91,21 @@ class CachedKV:
     k_unshrink: torch.Tensor | None = None
     key_rotation: KeyRotation | None = None
     copies: torch.Tensor | None = None
+    noise_ref: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.k.shape[-2]
 
     @classmethod
-    def from_quantized(cls, k: QuantizedTensor, v: QuantizedTensor) -> CachedKV:
+    def from_quantized(
+        cls, k: QuantizedTensor, v: QuantizedTensor, rule: str = DECLARED
+    ) -> CachedKV:
+        """The view of stored keys and values, with the signed terms of ``rule``
+        (:func:`~jbkv_cli.quant.tensor.signed_terms`)."""
         kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
-        kv.k_step2, kv.k_unshrink = k.noise_step2, k.unshrink
+        if k.step is not None:
+            kv.k_step2, kv.k_unshrink = signed_terms(k, k.step.shape[-1], rule)
         return kv
 
     def unshrunk(self) -> CachedKV:
@@ -365,7 +375,7 @@ def attend(
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
-        cached = CachedKV.from_quantized(*cached)
+        cached = CachedKV.from_quantized(*cached, corr.rule)
     _check_shapes(q, k_cur, v_cur, cached, causal)
     if cached is None or cached.num_tokens == 0:
         return sdpa(q, k_cur, v_cur, scale, causal=causal)

@@ -33,8 +33,9 @@ log-partition is
   ``E exp(q·(k̂ + e')) ≥ exp(q·k̂)``, the stored keys *under*-state it, and the variance term must
   be *added*. Subtracting ``b`` doubles the error.
 - *In general* the weights tilt the key distribution along ``q``; to first order in the tilt
-  (exact for Gaussian keys by Stein's lemma) ``E_w[q·e] ≈ q·E[e] + τ qᵀ Cov(e, k) q``, and
-  ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so
+  ``E_w[q·e] ≈ q·E[e] + τ qᵀ Cov(e, k) q`` (for Gaussian keys Stein's lemma gives this
+  first-order coefficient exactly, ``Cov(e, k) = E[∂e/∂k] Var(k)``; the higher orders of the
+  tilt remain unless ``e`` is linear in ``k``), and ``Var(e) = Cov(e, k̂) − Cov(e, k)``, so
 
       Δ log Z ≈ τ q·E[e] + (τ²/2) qᵀ [Cov(e, k̂) + Cov(e, k)] q
               = τ q·E[e] + (τ²/2) qᵀ [Var(k̂) − Var(k)] q,
@@ -44,43 +45,55 @@ log-partition is
   energy ``‖e‖² = e·k̂ − e·k`` splits into: the additive part ``e·k̂`` and the centroid part
   ``−e·k``.
 
-*Why a centroid quantizer needs its gain.* A per-coordinate codebook satisfies the centroid
-condition coordinate by coordinate, not jointly: real keys are correlated across coordinates
-(and have a mean), and then ``Cov(e'_c, k̂_c') ≠ 0`` for ``c ≠ c'``. What holds jointly is its
-regression on the true key: ``E[k̂ | k] = a k`` with ``a = 1 − ρ`` (``ρ`` the relative MSE; for
-TurboQuant exact over its random rotation, :mod:`jbkv_cli.quant.turboquant`), i.e.
-``k̂ = a k + n`` with ``n`` independent of ``k``. Then ``u k̂ = k + n/a`` (``u = 1/a``) is
-additive again, and
+*The excess rule* takes this second-order term as it stands, per channel: ``ŝ_i − b_i`` with
+``b_i = (τ²/2) Σ_j s_ij ‖q_j‖²``, ``s = Var(k̂) − Var(k)`` (additive: ``+Δ²/12``, taylor's ``b``;
+centroid: ``−Var(cell)``, so the variance term is added; mixed: measured).
 
-    log Σ_i exp(u τ q·k̂_i − (τ²/2) qᵀ Var(n/a) q) ≈ log Σ_i exp(τ q·k_i)
+*The unshrink rule.* A per-coordinate codebook satisfies the centroid condition coordinate by
+coordinate, not jointly: real keys are correlated across coordinates (and have a mean), and
+then ``Cov(e'_c, k̂_c') ≠ 0`` for ``c ≠ c'``, which a per-channel ``s`` cannot express. A model
+that keeps those terms is the regression on the true key, ``k̂ = a k + n`` with ``n``
+independent of ``k``: for TurboQuant-MSE ``E[k̂ | k] = (1 − ρ) k`` on average over its random
+rotation (``ρ`` the codebook's relative MSE, :mod:`jbkv_cli.quant.turboquant`); for the one
+seeded rotation a run uses it holds only approximately (each key's gain scatters around
+``1 − ρ``). Where the model holds, ``u k̂ = k + n/a`` (``u = 1/a``) is additive again, and to
+second order
 
-for *any* key covariance and mean. Check on isotropic keys (``Var(k) = σ²I``, mean score
-``μ``, ``V = τ²σ²‖q‖²``): the true scores have variance ``V``, the stored ones ``ŝ = a s + m``
-have ``(1 − ρ)²V + ρ(1 − ρ)V = (1 − ρ)V``, so ``Δ log Z ≈ −ρμ − ρV/2``; the corrected scores
-``u ŝ − ρV/(2(1 − ρ))`` have mean ``μ − ρV/(2(1 − ρ))`` and variance ``V/(1 − ρ)``, i.e. the
-log-partition of the true ones: for zero-mean keys the correction *adds* ``ρV/2 = (τ²/2) qᵀ
-Var(e') q``, the centroid case above. For keys whose variance is concentrated along ``q`` the
-shift is ``−ρ(2 − ρ)(τ²/2) qᵀ Var(k) q`` (plus the mean term ``−ρ τ q·E[k]``), which a
-per-channel variance cannot express (on the embedded model's keys, TurboQuant-MSE at INT2:
-measured shift −0.40, this model −0.41, the per-coordinate cell variance alone −0.10;
-``docs/corrections.md``).
+    log Σ_i exp(u τ q·k̂_i − (τ²/2) qᵀ Var(n/a) q) ≈ log Σ_i exp(τ q·k_i),
 
-So ``signed`` scores every cached key as
+whatever the keys' covariance and mean; how well a quantizer fits the linear model decides how
+much is left, and unshrinking multiplies the stored keys' noise by ``u`` too. Check on isotropic
+keys (``Var(k) = σ²I``, mean score ``μ``, ``V = τ²σ²‖q‖²``): the true scores have variance
+``V``, the stored ones ``ŝ = a s + m`` have ``(1 − ρ)²V + ρ(1 − ρ)V = (1 − ρ)V``, so ``Δ log Z
+≈ −ρμ − ρV/2``; the corrected scores ``u ŝ − ρV/(2(1 − ρ))`` have mean ``μ − ρV/(2(1 − ρ))``
+and variance ``V/(1 − ρ)``, i.e. the log-partition of the true ones: for zero-mean keys the
+rule *adds* ``ρV/2 = (τ²/2) qᵀ Var(e') q``, what the excess rule adds. For keys whose variance
+is concentrated along ``q`` the shift is ``−ρ(2 − ρ)(τ²/2) qᵀ Var(k) q`` (plus the mean term
+``−ρ τ q·E[k]``), which a per-channel variance cannot express (on the embedded model's keys,
+TurboQuant-MSE at INT2: measured shift −0.40, this model −0.41, the per-coordinate cell
+variance alone −0.10; ``docs/corrections.md``).
 
-    signed:  u_i τ q·k̂_i − b_i,    b_i = (τ²/2) Σ_j v_ij ‖q_j‖² = (τ²/24) Σ_j w_ij ‖q_j‖²
+So the signed rules score every cached key as
 
-with ``u`` (``unshrink``) and ``v``, the variance of ``u k̂ − k`` per channel of group ``j``,
-carried as ``w = 12 v`` (``noise_step2``, in units of a uniform step²) from the method's
-declared noise model (:mod:`jbkv_cli.quant.noise`): ``u = 1``, ``w = Δ²`` for additive noise
-(then ``signed`` *is* ``taylor``, operation for operation, so bit for bit); ``u = 1/(1 −
-ρ)``, ``v = ρ/(1 − ρ)·‖k‖²/d`` for centroid noise (TurboQuant-MSE: from its codebook and stored
-norms, nothing extra stored); and for mixed noise ``u = 1`` and the excess variance measured
-when the chunk is stored (QVG: ``κ_j = s_j / mean(Δ²/12)`` per chunk, head and group, FP8,
-counted in the bytes; ``v_ij = κ_j Δ_ij²/12``, negative where the centroid part wins). Both
-terms are bilinear in ``(q, k̂)``: the fused kernel carries ``b`` in the same ``G`` extra
-channels as taylor and ``u`` as a scale of the cached keys. Not corrected: the first-order
-term ``τ q·E[e]`` of a biased additive quantizer, and terms beyond second order (the diagnostics
-measure what is left: :mod:`jbkv_cli.attention.partition`).
+    excess:    τ q·k̂_i − b_i,         b_i = (τ²/24) Σ_j w_ij ‖q_j‖²,  w = 12 s
+    unshrink:  u_i τ q·k̂_i − b_i,     b_i = (τ²/24) Σ_j w_ij ‖q_j‖²,  w = 12 v
+
+with ``s`` and ``v`` (the variance of ``u k̂ − k``) per channel of group ``j``, carried in units
+of a uniform step² (``excess_step2`` / ``noise_step2``) from the method's declared noise model
+(:mod:`jbkv_cli.quant.noise`): additive noise gives ``u = 1``, ``w = Δ²`` under both (then
+``signed`` *is* ``taylor``, operation for operation, so bit for bit); centroid noise
+(TurboQuant-MSE, from its codebook and stored norms, nothing extra stored) ``w = −Δ²`` (excess)
+or ``u = 1/(1 − ρ)``, ``v = ρ/(1 − ρ)·‖k‖²/d`` (unshrink); mixed noise is measured when the
+chunk is stored (QVG, QuantWM: per chunk, head and group ``κ_j = s_j / mean(Δ²/12)``, FP8,
+counted in the bytes, ``w = κ_j Δ_ij²``, negative where the centroid part wins; the unshrink rule
+also measures the gain ``a`` per chunk and head, FP16, and ``κ`` of ``v``). Both terms are
+bilinear in ``(q, k̂)``: the fused kernel carries ``b`` in the same ``G`` extra channels as
+taylor and ``u`` as a scale of the cached keys. ``signed`` reads, per declared noise model, the
+rule that left the smaller attention-output error where the two differ
+(:data:`~jbkv_cli.quant.tensor.DECLARED_RULE`; measured in ``docs/corrections.md``); the other
+rule is its ablation. Not corrected: the first-order term ``τ q·E[e]`` of a biased additive
+quantizer, and terms beyond second order (the diagnostics measure what is left:
+:mod:`jbkv_cli.attention.partition`).
 
 Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correction`:
 
@@ -88,7 +101,9 @@ Corrections by name (:data:`CORRECTIONS`), each a small frozen :class:`Correctio
 - ``taylor`` (default): subtract the second-order bias; a bilinear form, so it rides inside any
   attention kernel as extra channels (:func:`augment_taylor`).
 - ``exact``: subtract ``Σ_c log(sinh α/α)``.
-- ``signed``: ``u τ q·k̂ − (τ²/2) Σ_j v_ij ‖q_j‖²`` (above; the same fused form as taylor).
+- ``signed``: each method's declared noise model under its rule (above; the same fused form as
+  taylor).
+- ``signed-excess``, ``signed-unshrink`` (ablations of ``signed``): one rule for every method.
 - ``bias-only`` (an ablation): keep the cache in full precision but *add* the exact bias the
   method's steps predict, isolating the Jensen bias from the rounding noise.
 """
@@ -117,6 +132,7 @@ class Correction:
     quantizes: bool = True
     ablation: bool = False
     summary: str = ""
+    rule: str = "declared"  # variance form: excess, unshrink or each method's (quant/tensor.py)
 
     @property
     def active(self) -> bool:
@@ -137,7 +153,19 @@ CORRECTIONS: dict[str, Correction] = {
         Correction(
             "signed",
             "variance",
-            summary="subtract (τ²/2) Σ_j s_ij ‖q_j‖², s from the method's noise model",
+            summary="each method's declared noise model, the rule that won on error",
+        ),
+        Correction(
+            "signed-excess",
+            "variance",
+            rule="excess",
+            summary="ablation: subtract (τ²/2) Σ_j s_ij ‖q_j‖², s = Var(k̂) − Var(k), no unshrink",
+        ),
+        Correction(
+            "signed-unshrink",
+            "variance",
+            rule="unshrink",
+            summary="ablation: u τ q·k̂ − (τ²/2) Σ_j v_ij ‖q_j‖², u = 1/gain, v = Var(u k̂ − k)",
         ),
         Correction(
             "bias-only",

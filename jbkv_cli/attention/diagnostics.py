@@ -24,7 +24,7 @@ prefill) masks, for each recorded query, the current keys after its own position
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -42,7 +42,7 @@ from jbkv_cli.attention.memory import active_meter
 from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 from jbkv_cli.attention.rope import KeyRotation, rope_taylor_bias
 
-PREDICTED_FORM = "taylor"  # the bias predicted for an uncorrected variant (bias_share.py)
+FALLBACK_FORM = "taylor"  # an uncorrected read without the method's own model (bias_share.py)
 
 
 class AttentionObserver(Protocol):
@@ -152,6 +152,7 @@ class AttentionStats:
     err_quant: torch.Tensor | None = None
     err_bias: torch.Tensor | None = None
     err_left: torch.Tensor | None = None  # ‖softmax(ŝ)V − softmax(s + β)V‖² per head
+    err_corr: torch.Tensor | None = None  # ‖softmax(ŝ + a)V − o‖² per head (corrected only)
 
 
 def compare_attention(
@@ -187,9 +188,8 @@ def compare_attention(
         added = None
         if cached.k_step is not None and corr.active:
             added = corr.sign * cached_bias(qb, cached, scale, corr.form)
-            if corr.form == "variance" and cached.k_unshrink is not None:  # u·ŝ − b
-                u = _expand_kv_heads(cached.k_unshrink.float(), q.shape[-3]).transpose(-1, -2)
-                added = added + (u - 1) * s_hat[..., :lc]
+            if corr.form == "variance":  # u·ŝ − b
+                added = _unshrunk(added, cached.k_unshrink, s_hat[..., :lc])
         dropped = key_mask(cached, qb.float(), lc)
         bias = added
         if dropped is not None:
@@ -219,7 +219,18 @@ def compare_attention(
     out = AttentionStats(*stats, top1_shift=torch.cat(shifts))
     if errors:
         out.err_quant, out.err_bias, out.err_left = (sum(e[i] for e in errors) for i in range(3))
+        if all(e[3] is not None for e in errors):
+            out.err_corr = sum(e[3] for e in errors)
     return out
+
+
+def _unshrunk(added: torch.Tensor, unshrink: torch.Tensor | None, s_cached: torch.Tensor):
+    """``added + (u − 1)·ŝ``: what a signed rule that unshrinks adds to the cached scores
+    (``added`` itself when ``u`` is None)."""
+    if unshrink is None:
+        return added
+    u = _expand_kv_heads(unshrink.float(), s_cached.shape[-3]).transpose(-1, -2)
+    return added + (u - 1) * s_cached
 
 
 def _allowed(query_index, start: int, block: int, lc: int, lk: int, device):
@@ -231,16 +242,30 @@ def _allowed(query_index, start: int, block: int, lc: int, lk: int, device):
 
 
 def _error_terms(qb, s_hat, s_ref, v_ref, cached: CachedKV, scale, corr, added, cut, allowed):
-    """``(E_quant, E_bias)`` per head of one block (:mod:`jbkv_cli.attention.bias_share`):
-    ``β = −added`` under an active correction, else the taylor bias of the stored steps; pruned
-    tokens (``cut``) and, for causal queries, later keys (``allowed``) masked in all three."""
-    predicted = -added if added is not None else cached_bias(qb, cached, scale, PREDICTED_FORM)
+    """``(E_quant, E_bias, E_left, E_corr)`` per head of one block
+    (:mod:`jbkv_cli.attention.bias_share`): ``β = −added`` under an active correction, else what
+    the method's own declared noise model predicts (:func:`declared_bias`); pruned tokens
+    (``cut``) and, for causal queries, later keys (``allowed``) masked in all of them."""
+    predicted = -added if added is not None else declared_bias(qb, cached, scale, s_hat)
     lk = s_ref.shape[-1]
     mask = None if cut is None else F.pad(cut, (0, lk - cut.shape[-1]))
     if allowed is not None:
         causal = torch.zeros(allowed.shape, device=allowed.device).masked_fill(~allowed, -torch.inf)
         mask = causal if mask is None else mask + causal
-    return error_terms(s_hat, s_ref, predicted, v_ref, mask)
+    return error_terms(s_hat, s_ref, predicted, v_ref, mask, added)
+
+
+def declared_bias(qb, cached: CachedKV, scale: float, s_hat: torch.Tensor) -> torch.Tensor:
+    """The bias ``β`` the method's own noise model predicts on the cached scores of an
+    uncorrected read: what the default ``signed`` rule would remove, ``b − (u − 1)·ŝ`` from the
+    view's ``noise_ref`` (``b`` the variance term of its ``w``); the taylor bias of the steps
+    when the read carries none (a view built without diagnostics)."""
+    if cached.noise_ref is None:
+        return cached_bias(qb, cached, scale, FALLBACK_FORM)
+    w, u = cached.noise_ref
+    model = replace(cached, k_step2=w, k_unshrink=u)
+    lc = cached.num_tokens
+    return -_unshrunk(-cached_bias(qb, model, scale, "variance"), u, s_hat[..., :lc])
 
 
 @dataclass
@@ -258,8 +283,9 @@ class AttentionRecorder:
     partition: list[tuple[int, float, float]] = field(default_factory=list)
     seconds: float = 0.0  # time spent here, so callers can report generation time without it
     # per observed call of quantized keys (attention/bias_share.py): (layer, step, ΔP_S mean,
-    # E_quant per head, E_bias per head, elements per head, E_left per head); step: the read's
-    # index since the layer's last commit (a denoising step, or a pass of one), -1 if unknown
+    # E_quant per head, E_bias per head, elements per head, E_left per head, E_corr per head or
+    # None); step: the read's index since the layer's last commit (a denoising step, or a pass
+    # of one), -1 if unknown
     errors: list[tuple] = field(default_factory=list)
 
     def observe(
@@ -291,6 +317,7 @@ class AttentionRecorder:
                     stats.err_bias.tolist(),
                     count,
                     stats.err_left.tolist(),
+                    None if stats.err_corr is None else stats.err_corr.tolist(),
                 )
             )
         if stats.lp_shift is not None:
@@ -346,17 +373,19 @@ class AttentionRecorder:
     def attention_error(self) -> dict | None:
         """What a video record keeps of :attr:`errors` (None when nothing was observed), sums
         over observed calls: ``layers`` ``[[layer, E_quant, E_bias, elements, E_quant per head,
-        E_bias per head, E_left]]`` and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant,
-        E_bias, E_left]]`` (the heatmap's). Lists, not objects: compact, one schema per row."""
+        E_bias per head, E_left, E_corr]]`` (``E_corr`` null for a variant without a correction)
+        and ``cells`` ``[[layer, step, calls, ΔP_S sum, E_quant, E_bias, E_left]]`` (the
+        heatmap's). Lists, not objects: compact, one schema per row."""
         if not self.errors:
             return None
         layers: dict[int, list] = {}
         cells: dict[tuple[int, int], list] = {}
-        for layer, step, dps, eq, eb, count, el in self.errors:
+        for layer, step, dps, eq, eb, count, el, ec in self.errors:
             row = layers.setdefault(
-                layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb), 0.0]
+                layer, [layer, 0.0, 0.0, 0, [0.0] * len(eq), [0.0] * len(eb), 0.0, 0.0]
             )
             row[6] += sum(el)
+            row[7] = None if ec is None or row[7] is None else row[7] + sum(ec)
             row[1] += sum(eq)
             row[2] += sum(eb)
             row[3] += count * len(eq)

@@ -7,9 +7,10 @@ reports to an active :class:`WorkingMeter`), the bytes that are live at the read
 
 - **view**: what the cache's read returns (:class:`~jbkv_cli.attention.attend.CachedKV`): the
   dequantized keys and values of the window, their steps (float32 ``[B, Hkv, Lc, G]``), the
-  signed correction's ``noise_step2``/``unshrink``, the pruner's ``valid`` mask (and its
-  ``copies`` when a token is held twice), and, while
-  diagnostics are recorded, the full-precision copies ``k_ref``/``v_ref``;
+  signed correction's ``k_step2``/``k_unshrink``, the pruner's ``valid`` mask (and its
+  ``copies`` when a token is held twice) and, while diagnostics are recorded, the
+  full-precision copies ``k_ref``/``v_ref`` and the method's own noise model ``noise_ref``
+  (counted with the copies);
 - **attend**: the tensors :func:`~jbkv_cli.attention.attend` holds at its peak, per path:
 
   - ``plain`` (no correction): the ``[cached | current]`` keys and values, SDPA's output and
@@ -92,6 +93,7 @@ class ReadShape:
     dropped: bool = False  # and a token is dropped or held twice (attention adds a mask)
     copies: bool = False  # the view carries the pruner's counts (uint8)
     step_values: int = 127  # distinct FP8 step values (the exact bias's table; ≤ 127)
+    noise_ref: int = 0  # float32 values per cached token of the diagnostics' noise_ref
 
     @property
     def keys(self) -> int:
@@ -105,7 +107,8 @@ def view_nbytes(s: ReadShape) -> int:
     total += tokens * s.groups * 4 * (1 + s.step2)  # steps, noise_step2 (float32)
     total += tokens * 4 * s.unshrink + tokens * s.valid  # unshrink float32, valid bool
     total += tokens * s.copies  # counts, uint8
-    return total + 2 * tokens * s.head_dim * s.ref_bytes
+    refs = 2 * tokens * s.head_dim * s.ref_bytes
+    return total + (refs + tokens * 4 * s.noise_ref if s.ref_bytes else 0)
 
 
 def attend_nbytes(s: ReadShape, path: str, form: str | None = None) -> int:
@@ -290,6 +293,9 @@ def shape_of(q: torch.Tensor, k_cur: torch.Tensor, cached, exact: bool = False) 
         dropped=valid is not None and (cached.copies is not None or not bool(valid.all())),
         copies=cached.copies is not None,
         step_values=values,
+        noise_ref=sum(t.shape[-1] for t in cached.noise_ref if t is not None)
+        if cached.noise_ref is not None
+        else 0,
     )
 
 

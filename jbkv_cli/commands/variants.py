@@ -91,7 +91,12 @@ class CacheFlags(OptionGroup):
     ] = False
     correction: Annotated[
         str,
-        typer.Option("--correction", help="Correction used by --correct: taylor, exact or signed."),
+        typer.Option(
+            "--correction",
+            help="Correction used by --correct: "
+            + ", ".join(c for c in CLI_CORRECTIONS if c != "none")
+            + ".",
+        ),
     ] = "taylor"
     quantizer: Annotated[
         str, typer.Option("--quantizer", "-q", help=f"Method: {', '.join(method_names())}.")

@@ -74,11 +74,13 @@ from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import (
+    DECLARED,
+    UNSHRINK,
     QuantizedTensor,
     RawTensor,
     Segmented,
-    unit_unshrink,
-    zero_noise_step2,
+    resolve_rule,
+    signed_terms,
     zero_steps,
 )
 
@@ -173,8 +175,20 @@ class ChunkKVCache:
 
     @property
     def _signed(self) -> bool:
-        """The variant reads the keys' excess variance (the signed correction)."""
+        """The variant reads the keys' noise model (the signed correction or its ablation)."""
         return self.spec.correction_.form == "variance"
+
+    @property
+    def _rule(self) -> str:
+        """The signed rule reads are given under (:func:`~jbkv_cli.quant.tensor.signed_terms`):
+        the variant's, or for the diagnostics of any other variant the default ``signed``'s."""
+        return self.spec.correction_.rule if self._signed else DECLARED
+
+    @property
+    def _models_noise(self) -> bool:
+        """Reads carry a noise model: the variant's own (signed) or, for the diagnostics of
+        any other variant, the method's declared one under the default ``signed`` rule."""
+        return self._signed or self.observer is not None
 
     def _pre_rope(self, sink: bool) -> bool:
         """Whether a (sink) chunk's keys are stored before RoPE."""
@@ -189,8 +203,11 @@ class ChunkKVCache:
             stored = method.quantize(x, role)
         if self._pre_rope(sink) and role == "key" and stored.rotation is not None:
             raise ValueError(f"{method.label} rotates keys: it cannot store them before RoPE")
-        if role == "key" and self._signed and stored.noise_model == MIXED:
-            stored = measure_noise(x, stored)  # κ per group, FP8, counted in nbytes
+        if role == "key" and self._models_noise and stored.noise_model == MIXED:
+            # κ per group, FP8, counted in nbytes when the variant's correction reads it (else
+            # measured for the diagnostics only: the method's own model, not stored)
+            unshrink = resolve_rule(stored, self._rule) == UNSHRINK
+            stored = measure_noise(x, stored, unshrink, counted=self._signed)
         return stored
 
     def _groups(self, role: Role) -> int:
@@ -463,15 +480,29 @@ class ChunkKVCache:
         any_step = self.spec.bias_only or any(t.quantized for t in keys)
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
-        if step is not None and self._signed:
-            var = [zero_noise_step2(t, groups) for t in keys]
-            view.k_step2 = None if any(s is None for s in var) else torch.cat(var, dim=-2)
-            if any(t.unshrink is not None for t in keys):
-                view.k_unshrink = torch.cat([unit_unshrink(t) for t in keys], dim=-2)
+        if step is not None and self._models_noise:
+            self._attach_noise(view, [signed_terms(t, groups, self._rule) for t in keys])
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)
         return view
+
+    def _attach_noise(self, view: CachedKV, terms: list[tuple]) -> None:
+        """Set the view's signed-correction terms from each part's ``(w, u)``
+        (:func:`~jbkv_cli.quant.tensor.signed_terms`): ``k_step2``/``k_unshrink`` when the
+        variant reads them, else ``noise_ref`` for the diagnostics. ``w`` None where a part
+        cannot say (then nothing is attached); ``u`` ones where a part does not shrink."""
+        if any(w is None for w, _ in terms):
+            return
+        w = torch.cat([w for w, _ in terms], dim=-2)
+        u = None
+        if any(x is not None for _, x in terms):
+            ones = [torch.ones_like(w[..., :1]) if x is None else x for w, x in terms]
+            u = torch.cat(ones, dim=-2)
+        if self._signed:
+            view.k_step2, view.k_unshrink = w, u
+        else:
+            view.noise_ref = (w, u)
 
     def _rotate(self, view: CachedKV, chunks: list[_Chunk], positions: Mapping[int, int]) -> None:
         """Rotate the view's pre-RoPE keys (and their exact copies) chunk by chunk at their
@@ -512,12 +543,13 @@ class ChunkKVCache:
         parts = []
         for c in chunks:
             if c.pruned is not None:
-                parts.append((*c.pruned.dense(groups, self._signed), c.pruned.counts))
+                noise = self._models_noise
+                parts.append((*c.pruned.dense(groups, noise, self._rule), c.pruned.counts))
                 continue
             keys = c.sides["key"].stored(groups)
             valid = torch.ones(keys.shape[:-1], dtype=torch.uint8, device=c.device)
             k, v = keys.dequantize(), c.sides["value"].stored(1).dequantize()
-            var = (zero_noise_step2(keys, groups), unit_unshrink(keys)) if self._signed else None
+            var = signed_terms(keys, groups, self._rule) if self._models_noise else None
             parts.append((k, v, zero_steps(keys, groups), keys.rotation, var, valid))
         k, v, steps, rotations, noise, valid = zip(*parts, strict=True)
         quantized = self.spec.key is not None and self.spec.quantized
@@ -528,9 +560,8 @@ class ChunkKVCache:
         view.valid = counts > 0
         if any(c.pruned is not None and c.pruned.repeated for c in chunks):
             view.copies = counts
-        if step is not None and self._signed and all(n[0] is not None for n in noise):
-            view.k_step2 = torch.cat([n[0] for n in noise], dim=-2)
-            view.k_unshrink = torch.cat([n[1] for n in noise], dim=-2)
+        if step is not None and self._models_noise:
+            self._attach_noise(view, list(noise))
         if all(c.ref is not None for c in chunks):
             view.k_ref = torch.cat([c.ref[0] for c in chunks], dim=-2)
             view.v_ref = torch.cat([c.ref[1] for c in chunks], dim=-2)

@@ -25,11 +25,11 @@ from jbkv_cli.quant.noise import MeasuredNoise
 from jbkv_cli.quant.qvg import QVGTensor
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import (
+    DECLARED,
     GroupQuantized,
     QuantizedTensor,
     RawTensor,
-    unit_unshrink,
-    zero_noise_step2,
+    signed_terms,
 )
 from jbkv_cli.quant.turboquant import TurboQuantMSETensor, TurboQuantProdTensor
 
@@ -199,17 +199,20 @@ class PrunedChunk:
         return [sum(row[h].nbytes for row in self.lanes) for h in range(self.shape[1])]
 
     def dense(
-        self, groups: int, noise: bool = False
+        self, groups: int, noise: bool = False, rule: str = DECLARED
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RandomHadamard | None, tuple | None]:
         """``(k, v [B, Hkv, L, D], step [B, Hkv, L, groups] float32, rotation, noise)``: the
         kept tokens dequantized at their positions, zeros elsewhere (steps: zero for exact ones);
-        ``noise`` (when asked, else None) the keys' ``(noise_step2, unshrink)`` laid out the same
-        way (zeros and ones elsewhere), or ``(None, None)`` when a lane cannot say."""
+        ``noise`` (when asked, else None) the keys' signed terms ``(w, u)`` under ``rule``
+        (:func:`~jbkv_cli.quant.tensor.signed_terms`) laid out the same way (zeros and ones
+        elsewhere; ``u`` None where no lane unshrinks), or ``(None, None)`` when a lane cannot
+        say."""
         k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
         v = torch.zeros_like(k)
         step = torch.zeros((*self.shape[:-1], groups), dtype=torch.float32, device=self.device)
         var = torch.zeros_like(step) if noise else None
-        unshrink = torch.ones_like(step[..., :1]) if noise else None
+        gain = torch.ones_like(step[..., :1]) if noise else None
+        shrinks = False
         rotation = None
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
@@ -223,10 +226,11 @@ class PrunedChunk:
                     rotation = rotation or lane.k.rotation
                 if not noise:
                     continue
-                lane_var = zero_noise_step2(lane.k, groups)
+                lane_var, lane_u = signed_terms(lane.k, groups, rule)
                 if lane_var is None or var is None:
                     var = None  # mixed noise not measured: the signed correction refuses
                     continue
                 var[b, h, pos] = lane_var.to(self.device)
-                unshrink[b, h, pos] = unit_unshrink(lane.k).to(self.device)
-        return k, v, step, rotation, (var, unshrink) if noise else None
+                if lane_u is not None:
+                    gain[b, h, pos], shrinks = lane_u.to(self.device), True
+        return k, v, step, rotation, (var, gain if shrinks else None) if noise else None

@@ -104,6 +104,10 @@ class SpanSlice(QuantizedTensor):
         return self._tokens(self.span.tensor.noise_step2)
 
     @property
+    def excess_step2(self) -> torch.Tensor | None:
+        return self._tokens(self.span.tensor.excess_step2)
+
+    @property
     def unshrink(self) -> torch.Tensor | None:
         return self._tokens(self.span.tensor.unshrink)
 

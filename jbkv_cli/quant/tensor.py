@@ -11,9 +11,11 @@ reads) and ``step``, the noise model the Jensen-bias correction needs:
 so the bias is ``b_i = (τ²/24) Σ_j Δ_ij² ‖(R q)_j‖²`` for every method alike. Next to ``step``
 each tensor declares its ``noise_model`` (:mod:`jbkv_cli.quant.noise`: additive, centroid or
 mixed; undeclared: ``additive (assumed)``) and from it what the ``signed`` correction reads:
-``unshrink`` (``1/a`` for a stored key that is ``a·k`` plus noise; None: 1) and ``noise_step2``
-(``12 ×`` the variance of that noise after unshrinking: the squared step of uniform noise with
-that variance, ``Δ²`` for additive noise, so the signed correction is then taylor exactly). A method whose
+``excess_step2`` (``12 ×`` the excess variance ``Var(k̂) − Var(k)`` per channel: the squared
+step of uniform noise with that variance, ``Δ²`` for additive noise, so the signed correction is
+then taylor exactly, ``−Δ²`` for centroid noise), and what its ``signed-unshrink`` ablation
+reads: ``unshrink`` (``1/a`` for a stored key that is ``a·k`` plus noise; None: 1) and
+``noise_step2`` (``12 ×`` the variance of that noise after unshrinking). A method whose
 groups run along tokens (KIVI's per-channel keys) reports ``G = D``; a residual quantizer (QVG)
 reports its residual's steps (its centroids are stored exactly); tokens kept in full precision
 report 0. Subclasses: :class:`RawTensor` (full precision), :class:`GroupQuantized` (group-wise
@@ -78,6 +80,20 @@ class QuantizedTensor:
         if self.noise_model not in (ADDITIVE, ASSUMED):
             raise NotImplementedError(f"{type(self).__name__} must give its {self.noise_model} w")
         return step.float().square()
+
+    @property
+    def excess_step2(self) -> torch.Tensor | None:
+        """``12 s_ij`` per token and group ``[..., L, G]`` (float32, basis of ``step``), ``s``
+        the excess variance ``Var(k̂) − Var(k)`` per channel from the declared ``noise_model``:
+        ``noise_step2`` for additive noise (``Δ²``: it does not shrink, ``s = v``), ``−Δ²`` for
+        centroid noise (``Δ²/12`` the variance of a centroid's cell). None for exact storage and
+        for mixed noise that was not measured."""
+        step = self.step
+        if step is None or self.noise_model == MIXED:
+            return None
+        if self.noise_model == CENTROID:
+            return -step.float().square()
+        return self.noise_step2
 
     @property
     def quantized(self) -> bool:
@@ -190,18 +206,56 @@ class Segmented(QuantizedTensor):
         return None if any(p is None for p in parts) else torch.cat(parts, dim=-2)
 
     @property
+    def excess_step2(self) -> torch.Tensor | None:
+        if not any(p.quantized for p in self.parts):
+            return None
+        parts = [zero_noise_step2(p, self.groups, unshrink=False) for p in self.parts]
+        return None if any(p is None for p in parts) else torch.cat(parts, dim=-2)
+
+    @property
     def unshrink(self) -> torch.Tensor | None:
         if all(p.unshrink is None for p in self.parts):
             return None
         return torch.cat([unit_unshrink(p) for p in self.parts], dim=-2)
 
 
-def zero_noise_step2(t: QuantizedTensor, groups: int) -> torch.Tensor | None:
-    """``t.noise_step2``, zeros for exactly stored tokens, None where a quantized ``t`` cannot
-    say (mixed noise not measured)."""
+def zero_noise_step2(t: QuantizedTensor, groups: int, unshrink: bool = True) -> torch.Tensor | None:
+    """``t.noise_step2`` (``unshrink``) or ``t.excess_step2``, zeros for exactly stored tokens,
+    None where a quantized ``t`` cannot say (mixed noise not measured)."""
     if not t.quantized:
         return zero_steps(t, groups)
-    return t.noise_step2
+    return t.noise_step2 if unshrink else t.excess_step2
+
+
+EXCESS, UNSHRINK, DECLARED = "excess", "unshrink", "declared"  # the signed rules
+SIGNED_RULES = (DECLARED, EXCESS, UNSHRINK)
+# the rule the default ``signed`` reads per declared noise model: the one that left the smaller
+# attention-output error where the two differ (docs/corrections.md, benchmarks/signed_rules.py);
+# on additive noise the two are one computation (u = 1, w = Δ²)
+DECLARED_RULE = {ADDITIVE: EXCESS, ASSUMED: EXCESS, CENTROID: UNSHRINK, MIXED: EXCESS}
+
+
+def resolve_rule(t: QuantizedTensor, rule: str) -> str:
+    """``excess`` or ``unshrink``: ``rule`` itself, or for ``declared`` the rule
+    :data:`DECLARED_RULE` gives ``t``'s noise model."""
+    if rule not in SIGNED_RULES:
+        raise ValueError(f"rule must be one of {SIGNED_RULES}, got {rule!r}")
+    if rule != DECLARED:
+        return rule
+    return DECLARED_RULE.get(t.noise_model.split(" (")[0], EXCESS)
+
+
+def signed_terms(
+    t: QuantizedTensor, groups: int, rule: str = DECLARED
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """What a signed rule reads of ``t``: ``(w [..., L, G], u [..., L, 1] or None)``. The
+    unshrink rule: ``(noise_step2, unshrink)``; the excess rule: ``(excess_step2, None)``;
+    ``declared``: the rule of ``t``'s noise model (:func:`resolve_rule`). Zeros for exactly
+    stored tokens; ``w`` is None where a quantized ``t`` cannot say (mixed noise not measured
+    under that rule)."""
+    unshrink = resolve_rule(t, rule) == UNSHRINK
+    w = zero_noise_step2(t, groups, unshrink)
+    return w, t.unshrink if unshrink else None
 
 
 def unit_unshrink(t: QuantizedTensor) -> torch.Tensor:

@@ -30,9 +30,10 @@ Noise models (next to ``step``, see :mod:`jbkv_cli.quant.noise`), in the rotated
   cell, ``σ²_ic = n_i² · Var(Y | idx_ic)`` (from the codebook). Over the random rotation the
   quantizer shrinks: ``E[x̂ | x] = (1 − ρ) x`` with ``ρ = d · E[(Y − c(Y))²]`` the codebook's
   relative MSE (0.115 at 2 bits, d = 64; by symmetry ``E_Π[x̂]`` is parallel to ``x``, with
-  ``E[c(Y) Y] = E[c(Y)²] = 1/d − mse``); so ``unshrink = 1/(1 − ρ)`` and the unshrunk noise's
-  variance ``ρ/(1 − ρ) · n_i²/d`` (``noise_step2`` is 12 times it) (:mod:`jbkv_cli.attention.correction` for why the signed correction
-  needs the gain).
+  ``E[c(Y) Y] = E[c(Y)²] = 1/d − mse``; for one seeded rotation this holds approximately);
+  so the unshrink rule reads ``unshrink = 1/(1 − ρ)`` and the unshrunk noise's variance
+  ``ρ/(1 − ρ) · n_i²/d`` (``noise_step2`` is 12 times it), the excess rule ``excess_step2 =
+  −step²``, the cells' variance with the centroid's sign (:mod:`jbkv_cli.attention.correction`).
 - prod: ``x̂ − x = r̃ − r`` has mean 0 given ``x`` (**additive**), covariance
   ``(γ²/d)((π/2) I − r̂ r̂ᵀ)``; its average diagonal ``σ² = (γ²/d)(π/2 − 1/d)`` is every
   coordinate's variance (``noise_step2 = 12 σ²``; the ``r̂ r̂ᵀ`` term is spread evenly: jbkv

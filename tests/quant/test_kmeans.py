@@ -5,7 +5,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from jbkv_cli.quant.kmeans import inertia, init_centroids, kmeans
+from jbkv_cli.quant.kmeans import assign_and_sum, inertia, init_centroids, kmeans
 
 
 def _blobs(n=3, per=40, clusters=5, dim=8, seed=0):
@@ -23,8 +23,11 @@ def test_converged_clusters_are_pure_and_every_token_sits_at_its_nearest_centroi
     for n in range(x.shape[0]):
         for j in ids[n].unique():
             assert labels[n][ids[n] == j].unique().numel() == 1  # no cluster spans two blobs
-    nearest = torch.cdist(x, cents).argmin(-1)
-    assert torch.equal(ids, nearest)  # a fixed point of Lloyd's iteration
+    # a fixed point of Lloyd's iteration: each token's centroid is its nearest, up to the
+    # float32 rounding of ‖c‖² − 2 x·c (k-means) against cdist's own (2e-5 of ‖x‖², |x| ~ 20)
+    dist = torch.cdist(x, cents).square()
+    chosen = dist.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert (chosen <= dist.min(-1).values + 2e-5 * x.square().sum(-1)).all()
 
 
 def test_centroids_are_the_means_of_the_returned_assignment():
@@ -37,12 +40,20 @@ def test_centroids_are_the_means_of_the_returned_assignment():
 
 
 def test_blocked_distances_change_nothing():
+    """One assignment over the same centroids in blocks of one token and all at once: the two
+    run matrix products of other shapes, whose last bits a BLAS may round differently per CPU,
+    so the ids agree wherever the nearest centroid beats the runner-up by more than that
+    rounding (1e-4, distances ~64), and the cluster sums and counts within 1e-4."""
     x = torch.randn(2, 500, 32, generator=torch.Generator().manual_seed(2))
-    runs = [
-        kmeans(x, 17, 3, torch.Generator().manual_seed(4), max_elements=m) for m in (50, 1 << 22)
-    ]
-    assert torch.equal(runs[0][0], runs[1][0])
-    assert torch.allclose(runs[0][1], runs[1][1], atol=1e-6)
+    cents = init_centroids(x, 17, torch.Generator().manual_seed(4))
+    (ids_a, sums_a, counts_a), (ids_b, sums_b, counts_b) = (
+        assign_and_sum(x, cents, max_elements=m) for m in (50, 1 << 22)
+    )
+    two = torch.cdist(x, cents).square().topk(2, dim=-1, largest=False).values
+    clear = two[..., 1] - two[..., 0] > 1e-4
+    assert clear.float().mean() > 0.99 and torch.equal(ids_a[clear], ids_b[clear])
+    torch.testing.assert_close(sums_a, sums_b, rtol=0, atol=1e-4)
+    torch.testing.assert_close(counts_a, counts_b, rtol=0, atol=1e-4)
 
 
 def test_lloyd_steps_never_increase_the_objective():

@@ -44,9 +44,12 @@ window, the entering block's noise, then the re-noise ε of each block of the wi
 order (upstream draws a window-sized ``randn_like`` per block and keeps its slice). Blocks are
 committed once, after their last step, and the last block not at all (upstream rewrites
 provisional copies that are never read, module :mod:`.plan`). For fewer blocks than steps
-jbkv keeps the staggered rule (upstream's first-window branch would re-draw the noise of the
-newest block in its last windows). No image-to-video (upstream's ``--i2v`` needs an
-independent first frame; not wired here).
+jbkv keeps the staggered rule, every block through every step; upstream's window branches
+assume at least as many blocks as steps, and with fewer they re-feed the newest block its
+initial noise, repeat timesteps and skip steps (``docs/models.md``). No image-to-video:
+upstream's ``--i2v`` does not run either (an assertion with the default
+``independent_first_frame: false``, ``current_start_frame`` read before it is set with
+``true``).
 """
 
 from __future__ import annotations
