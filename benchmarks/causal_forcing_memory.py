@@ -32,7 +32,7 @@ def _weight_bytes() -> tuple[int, int]:
     import accelerate
     import diffusers
 
-    from jbkv_cli.models.self_forcing.components import WAN_T2V_1_3B
+    from jbkv_cli.models.wan.self_forcing.components import WAN_T2V_1_3B
 
     with accelerate.init_empty_weights(include_buffers=False):
         transformer = diffusers.WanTransformer3DModel(**WAN_T2V_1_3B)
@@ -84,9 +84,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-    from jbkv_cli.models.rolling_forcing import model as rolling
-    from jbkv_cli.models.self_forcing.components import WAN_T2V_1_3B
-    from jbkv_cli.models.self_forcing.model import PRESETS, build_settings
+    from jbkv_cli.models.wan.rolling_forcing import model as rolling
+    from jbkv_cli.models.wan.self_forcing.components import WAN_T2V_1_3B
+    from jbkv_cli.models.wan.self_forcing.model import PRESETS, build_settings
 
     layers, heads = WAN_T2V_1_3B["num_layers"], WAN_T2V_1_3B["num_attention_heads"]
     head_dim = WAN_T2V_1_3B["attention_head_dim"]

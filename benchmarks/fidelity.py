@@ -24,9 +24,9 @@ from rich.console import Console
 from rich.table import Table
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.metrics.psnr import psnr_per_frame
 from jbkv_cli.metrics.ssim import ssim_per_frame
+from jbkv_cli.utils.atomic import write_text_atomic
 
 CASES = [(8, 32, 64, 64), (2, 16, 256, 256)]  # (videos, frames, height, width)
 RESULTS = Path(__file__).parent / "results" / "fidelity.json"

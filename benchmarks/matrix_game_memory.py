@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.kvcache import FULL_PRECISION, ChunkKVCache, KVSpec
-from jbkv_cli.models.matrix_game.clip import VisionTower
-from jbkv_cli.models.matrix_game.config import PRESETS
-from jbkv_cli.models.matrix_game.dit import MatrixGameDiT
+from jbkv_cli.models.wan.matrix_game.clip import VisionTower
+from jbkv_cli.models.wan.matrix_game.config import PRESETS
+from jbkv_cli.models.wan.matrix_game.dit import MatrixGameDiT
 
 MB = 2**20
 VARIANTS = {

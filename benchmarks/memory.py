@@ -103,7 +103,7 @@ def large_models() -> list[dict]:
 
 
 def tiny_model() -> list[dict]:
-    from jbkv_cli.cases import Case
+    from jbkv_cli.models.cases import Case
     from jbkv_cli.models.registry import load_model
     from jbkv_cli.quant.registry import METHODS
 

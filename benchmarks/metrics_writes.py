@@ -3,11 +3,11 @@
 A run scores each video as soon as it is made and saves the score at once (so a kill loses at
 most that one). jbkv used to save it by rewriting the variant's whole metrics file
 (``metrics/fidelity/<variant>.json``), so saving N scores wrote 1 + 2 + … + N entries: bytes
-growing with N². jbkv now writes one file per video (:mod:`jbkv_cli.metric_shards`): N entries.
+growing with N². jbkv now writes one file per video (:mod:`jbkv_cli.run.shards`): N entries.
 
 For N = 100 and 1,000 synthetic scores (shaped like real ones: per-frame and per-chunk PSNR and
 SSIM of ``--frames`` frames) this saves them one by one through the real code
-(:func:`~jbkv_cli.metric_shards.save_scores`) and through an emulation of the old scheme (add
+(:func:`~jbkv_cli.run.shards.save_scores`) and through an emulation of the old scheme (add
 the entry to the variant's scores, rewrite its file atomically), counts the bytes each one commits
 (the size of every file renamed into place) and prints both ratios, 1,000 vs 100: about 10 for
 linear growth, about 100 for quadratic. It then extrapolates both to a paper-scale variant
@@ -36,9 +36,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.metric_shards import save_scores
-from jbkv_cli.runs import RunDir
+from jbkv_cli.run.directory import RunDir
+from jbkv_cli.run.shards import save_scores
+from jbkv_cli.utils.atomic import write_text_atomic
 
 COUNTS = (100, 1000)
 PAPER = (1435, 81)  # videos per variant, frames per video

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.commands.options import parse_seeds, read_prompts
+from jbkv_cli.cli.options import parse_seeds, read_prompts
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.kvcache.spec import FULL_PRECISION
 from jbkv_cli.metrics.psnr import mse_per_frame, psnr_from_mse

@@ -37,11 +37,11 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/synthetic_run.py
 
-import jbkv_cli.report as report
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.comparisons import comparison_lines
+import jbkv_cli.report.table as report
 from jbkv_cli.metrics.stats import aggregate
-from jbkv_cli.runs import RunDir
+from jbkv_cli.report.comparisons import comparison_lines
+from jbkv_cli.run.directory import RunDir
+from jbkv_cli.utils.atomic import write_text_atomic
 from tests.synthetic_run import frontier_specs, write_run
 
 RESULTS = Path(__file__).parent / "results" / "report_stats.json"

@@ -47,8 +47,8 @@ def _reset(device: str) -> None:
 def _components(tiny: bool, device: str):
     import diffusers
 
-    from jbkv_cli.models.diffusers_wan import cast_keeping_fp32
-    from jbkv_cli.models.self_forcing.components import (
+    from jbkv_cli.models.wan.diffusers_wan import cast_keeping_fp32
+    from jbkv_cli.models.wan.self_forcing.components import (
         MAX_SEQUENCE_LENGTH,
         WAN_T2V_1_3B,
         Components,
@@ -72,7 +72,7 @@ def _components(tiny: bool, device: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from jbkv_cli.models.self_forcing.model import PRESETS
+    from jbkv_cli.models.wan.self_forcing.model import PRESETS
 
     presets = [name for name in PRESETS if name != "tiny-random"]
     ap.add_argument("--preset", default="self-forcing-dmd", choices=presets)
@@ -90,8 +90,8 @@ def main() -> int:
 
     from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
     from jbkv_cli.models.base import Video
-    from jbkv_cli.models.diffusers_wan import decode_wan
-    from jbkv_cli.models.self_forcing.model import SelfForcing, build_settings
+    from jbkv_cli.models.wan.diffusers_wan import decode_wan
+    from jbkv_cli.models.wan.self_forcing.model import SelfForcing, build_settings
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     options = {"config": "tiny-random" if args.tiny else args.preset, "device": device}

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.attention import AttentionRecorder
-from jbkv_cli.commands.options import read_prompts
+from jbkv_cli.cli.options import read_prompts
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
 from jbkv_cli.metrics.stats import aggregate

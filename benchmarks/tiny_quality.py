@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.commands.options import parse_seeds, read_prompts
+from jbkv_cli.cli.options import parse_seeds, read_prompts
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.models.tiny.check import check_video

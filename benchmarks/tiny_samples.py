@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from jbkv_cli.commands.options import read_prompts
+from jbkv_cli.cli.options import read_prompts
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.tiny import load_model
 

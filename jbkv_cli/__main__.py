@@ -1,3 +1,3 @@
-from jbkv_cli.entry import main
+from jbkv_cli.cli.entry import main
 
 main()

@@ -120,7 +120,7 @@ def tiny_run(tmp_path_factory) -> Path:
     INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores)."""
     from typer.testing import CliRunner
 
-    from jbkv_cli.cli import app
+    from jbkv_cli.cli.app import app
 
     prompts = tmp_path_factory.mktemp("prompts") / "p.txt"
     prompts.write_text("\n".join(TINY_PROMPTS) + "\n")
@@ -134,7 +134,7 @@ def tiny_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _digest_cache_in_a_temp_folder(tmp_path_factory):
-    """jbkv's digest cache (``jbkv_cli/fingerprints.py``) in a temp folder for this process
+    """jbkv's digest cache (``jbkv_cli/run/fingerprints.py``) in a temp folder for this process
     and every ``jbkv`` it starts: the suite never writes the user's ``~/.cache/jbkv``."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JBKV_CACHE_DIR", str(tmp_path_factory.mktemp("jbkv-cache")))

@@ -17,9 +17,9 @@ import json
 import random
 from pathlib import Path
 
-from jbkv_cli.experiment import build_matrix
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.runs import RunDir, video_name
+from jbkv_cli.run.directory import RunDir, video_name
+from jbkv_cli.run.experiment import build_matrix
 
 SETTINGS = {"dtype": "float32", "tokens_per_chunk": 16, "num_chunks": 4}
 

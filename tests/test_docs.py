@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jbkv_cli.cli import app
+from jbkv_cli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -100,9 +100,9 @@ def test_each_table_lives_in_one_place():
 
 
 def test_commands_page_names_every_method_correction_and_figure():
-    from jbkv_cli.commands.options import CLI_CORRECTIONS
-    from jbkv_cli.html_report import FIGURES
+    from jbkv_cli.cli.options import CLI_CORRECTIONS
     from jbkv_cli.quant import METHODS
+    from jbkv_cli.report.html import FIGURES
 
     text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
     generate = text.split("- **`generate`**", 1)[1].split("\n- **", 1)[0]

@@ -10,9 +10,13 @@ import sys
 import pytest
 
 LOW = {
-    "jbkv_cli.errors": {"jbkv_cli.console", "jbkv_cli.distributed"},
-    "jbkv_cli.lifecycle": {"jbkv_cli.console", "jbkv_cli.distributed"},
-    "jbkv_cli.console": {"jbkv_cli.distributed", "jbkv_cli.commands", "jbkv_cli.models"},
+    "jbkv_cli.utils.errors": {"jbkv_cli.utils.console", "jbkv_cli.utils.distributed"},
+    "jbkv_cli.utils.lifecycle": {"jbkv_cli.utils.console", "jbkv_cli.utils.distributed"},
+    "jbkv_cli.utils.console": {
+        "jbkv_cli.utils.distributed",
+        "jbkv_cli.cli.commands",
+        "jbkv_cli.models",
+    },
 }
 
 

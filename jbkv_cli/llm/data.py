@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
-from jbkv_cli.jsonio import parse_json, read_text
-from jbkv_cli.seeding import derive_seed
+from jbkv_cli.models.seeding import derive_seed
+from jbkv_cli.utils.errors import JbkvError, UsageError, WeightsNotFoundError, shown
+from jbkv_cli.utils.jsonio import parse_json, read_text
 
 LONGBENCH = "longbench-pro"
 SYNTHETIC = "synthetic"
@@ -171,7 +171,7 @@ def open_source(data: str, seed: int, longest: int, *, embedded: bool) -> Source
 
 def _read_text(path: Path) -> str:
     """The file's UTF-8 text: a regular file of at most :data:`MAX_DATA_BYTES` (a FIFO or a
-    device is refused without blocking, :mod:`jbkv_cli.jsonio`); else one line naming it."""
+    device is refused without blocking, :mod:`jbkv_cli.utils.jsonio`); else one line naming it."""
     return read_text(path, "--data", MAX_DATA_BYTES)
 
 

@@ -3,8 +3,8 @@
 Order of work (one process, or each rank of a ``torchrun`` job):
 
 1. rank 0 makes the variant folders and lists the examples with at least one record missing
-   (:func:`~jbkv_cli.distributed.from_rank0`: every rank gets the same list);
-2. each rank takes its share (:func:`~jbkv_cli.distributed.shard`, round-robin), and per
+   (:func:`~jbkv_cli.utils.distributed.from_rank0`: every rank gets the same list);
+2. each rank takes its share (:func:`~jbkv_cli.utils.distributed.shard`, round-robin), and per
    example runs the exact prefix once and each missing variant's chunk over it
    (:func:`~jbkv_cli.llm.prefill.score_example`), writing one record per variant as it is done;
 3. the ranks meet and the summary counts every rank's work; rank 0 then writes the report.
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from jbkv_cli import distributed
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.llm.data import Example
 from jbkv_cli.llm.models import LoadedLM
 from jbkv_cli.llm.prefill import score_example, summary
 from jbkv_cli.llm.run import LlmRun
-from jbkv_cli.progress import counting_progress
+from jbkv_cli.utils import distributed
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.progress import counting_progress
 
 SAMPLES = 512  # per-query ΔP_S values kept per record (for histograms)
 

@@ -1,6 +1,6 @@
 """The regression gate of llm-prefill runs: ``jbkv report RUN --baseline results.json``.
 
-Like :mod:`jbkv_cli.gate` for videos, it passes only when it compared something real:
+Like :mod:`jbkv_cli.report.gate` for videos, it passes only when it compared something real:
 
 1. the same model and settings, and the same jobs (chunk size, bin, document) as the baseline;
 2. every variant complete: a record for each job of the reference;
@@ -14,11 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.gate import GateResult
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.llm.report import Row
 from jbkv_cli.llm.run import KIND
+from jbkv_cli.report.gate import GateResult
+from jbkv_cli.utils.errors import JbkvError, UsageError, shown
+from jbkv_cli.utils.jsonio import read_json
 
 TOLERANCES = {"nll": 0.02, "delta_ps": 0.01}
 

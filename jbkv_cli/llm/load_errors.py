@@ -15,9 +15,9 @@ import pickle
 import re
 from pathlib import Path
 
-from jbkv_cli.errors import JbkvError, shown
-from jbkv_cli.jsonio import read_json
-from jbkv_cli.library_output import Said, report_rows
+from jbkv_cli.utils.errors import JbkvError, shown
+from jbkv_cli.utils.jsonio import read_json
+from jbkv_cli.utils.library_output import Said, report_rows
 
 # what a causal LM's config counts: each, where present, a whole number of at least 1
 SIZES = (
@@ -107,7 +107,7 @@ def load_failure(name: str, where: str, exc: BaseException, said: list[Said]) ->
     if not folder.is_dir():
         return JbkvError(f"{prefix}: {first or type(exc).__name__}")
     if isinstance(exc, pickle.UnpicklingError):
-        from jbkv_cli.models.self_forcing.checkpoint import pickle_refusal
+        from jbkv_cli.models.wan.self_forcing.checkpoint import pickle_refusal
 
         pickles = _weights(folder, (".bin", ".pt", ".pth", ".ckpt"))
         return JbkvError(f"{prefix}: {pickle_refusal(_named(pickles, folder, 'pickle'), exc)}")

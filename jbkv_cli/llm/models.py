@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from jbkv_cli import library_output
-from jbkv_cli.errors import JbkvError, UsageError, WeightsNotFoundError, shown
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.llm.load_errors import check_config, load_errors, load_failure
-from jbkv_cli.pretrained import from_pretrained
+from jbkv_cli.utils import library_output
+from jbkv_cli.utils.errors import JbkvError, UsageError, WeightsNotFoundError, shown
+from jbkv_cli.utils.jsonio import read_json
+from jbkv_cli.utils.pretrained import from_pretrained
 
 EMBEDDED = "tiny"
 EMBEDDED_DIR = Path(__file__).resolve().parent / "tiny" / "weights"
@@ -117,7 +117,7 @@ MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".tikt
 def folder_files(where: str) -> dict[str, Path]:
     """Name -> file of what loading the model folder ``where`` (:func:`model_files`) may read:
     its top-level files ending in :data:`MODEL_FILE_SUFFIXES` (config, weights, tokenizer),
-    which the run fingerprints by content (:mod:`jbkv_cli.fingerprints`); none for a hub id,
+    which the run fingerprints by content (:mod:`jbkv_cli.run.fingerprints`); none for a hub id,
     whose commit in the run's settings names its content."""
     path = Path(where)
     if not path.is_dir():

@@ -24,10 +24,10 @@ from typing import Any
 
 from rich.table import Table
 
-from jbkv_cli.atomic import write_text_atomic
 from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
 from jbkv_cli.llm.run import KIND, LlmRun
-from jbkv_cli.results import Stat
+from jbkv_cli.report.results import Stat
+from jbkv_cli.utils.atomic import write_text_atomic
 
 ALL = "all"
 
@@ -208,7 +208,7 @@ def cells(r: Row) -> list[str]:
 
 
 def rich_table(rows: list[Row], title: str) -> Table:
-    from jbkv_cli.console import plain
+    from jbkv_cli.utils.console import plain
 
     table = Table(title=plain(title), title_justify="left")
     for col in COLUMNS:
@@ -266,7 +266,7 @@ def plot(rows: list[Row], path: Path) -> Path | None:
     axes[0][0].set_ylabel("ΔNLL vs reference (nats/token)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    from jbkv_cli.plots import save_figure  # a full disk is one line naming the file
+    from jbkv_cli.report.plots import save_figure  # a full disk is one line naming the file
 
     return save_figure(fig, path)
 

@@ -9,7 +9,7 @@ Layout::
                                                 storage, diagnostics; written last, atomically
     RUN/report/results.json, table.md, nll.png  rebuilt from the records
 
-The manifest is :class:`~jbkv_cli.runs.RunDir`'s (written once by rank 0, resumed only with the
+The manifest is :class:`~jbkv_cli.run.directory.RunDir`'s (written once by rank 0, resumed only with the
 same model and settings, refused otherwise; stale temp files of killed writers are removed on
 resume). A record exists only once complete (temp file + rename), so a killed run resumes at
 the first missing (example, chunk size, variant); under torchrun every rank writes only the
@@ -23,11 +23,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.errors import JbkvError
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.kvcache.spec import REFERENCE_ID, KVSpec
-from jbkv_cli.runs import MANIFEST, RunDir, parse_spec
+from jbkv_cli.run.directory import MANIFEST, RunDir, parse_spec
+from jbkv_cli.utils.atomic import write_text_atomic
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.jsonio import read_json
 
 KIND = "llm-prefill"
 VARIANTS = "variants"

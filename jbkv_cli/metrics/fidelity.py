@@ -33,15 +33,15 @@ from typing import Any
 
 import torch
 
-from jbkv_cli import distributed
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.chunks import chunk_frames_of, chunk_of, first_chunk_frames_of, per_chunk
 from jbkv_cli.metrics.perceptual import DESCRIPTION as LPIPS_DESCRIPTION
 from jbkv_cli.metrics.perceptual import LpipsAlex, try_load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
 from jbkv_cli.metrics.ssim import SIGMA, ssim_per_frame, window_size
 from jbkv_cli.metrics.stats import aggregate
-from jbkv_cli.video import VIDEO_SUFFIXES, read_video
+from jbkv_cli.utils import distributed
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.video import VIDEO_SUFFIXES, read_video
 
 METRICS = ("psnr", "psnr_pooled", "ssim", "lpips")
 PROTOCOL = {

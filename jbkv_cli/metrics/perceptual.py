@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.utils.errors import JbkvError
 
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 ALEXNET_URL = f"https://download.pytorch.org/models/{ALEXNET_FILE}"

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.utils.errors import JbkvError
 
 ENV_VAR = "JBKV_VBENCH_ENV"
 SETUP_VERSION = 1

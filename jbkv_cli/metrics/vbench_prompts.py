@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_scores import DIMENSIONS
-from jbkv_cli.resources import PROMPTS_DIR
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.resources import PROMPTS_DIR
 
 SUBSETS: dict[str, str] = {
     "vbench-long-30": "vbench_long_30.json",

@@ -29,9 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli import distributed
-from jbkv_cli.atomic import write_text_atomic
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_clips import clip_record
 from jbkv_cli.metrics.vbench_env import RUNNER, VBenchEnv, runner_environ
 from jbkv_cli.metrics.vbench_scores import (
@@ -41,6 +38,9 @@ from jbkv_cli.metrics.vbench_scores import (
     totals_from_dimensions,
 )
 from jbkv_cli.metrics.vbench_weights import missing_weights
+from jbkv_cli.utils import distributed
+from jbkv_cli.utils.atomic import write_text_atomic
+from jbkv_cli.utils.errors import JbkvError
 
 MODES = ("long_custom_input", "long_vbench_standard", "custom_input", "vbench_standard")
 # Documented as usable on custom videos (VBench README; VBench-Long README §3.2), plus

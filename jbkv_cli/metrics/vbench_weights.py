@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from jbkv_cli.errors import WeightsNotFoundError
+from jbkv_cli.utils.errors import WeightsNotFoundError
 
 _CLIP = "https://openaipublic.azureedge.net/clip/models"
 _VBENCH_HF = "https://huggingface.co/OpenGVLab/VBench_Used_Models/resolve/main"

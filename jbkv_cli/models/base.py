@@ -10,10 +10,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.models.cases import Case
+from jbkv_cli.utils.errors import UsageError, shown
 
 ProgressFn = Callable[[int, int], None]
 """Called as ``progress(done_chunks, total_chunks)`` after each finished chunk."""
@@ -55,7 +55,7 @@ class VideoModel(Protocol):
         progress: ProgressFn | None = None,
         observer: AttentionObserver | None = None,
     ) -> Video:
-        """Generate one video of ``case`` (:class:`~jbkv_cli.cases.Case`; a string is a
+        """Generate one video of ``case`` (:class:`~jbkv_cli.models.cases.Case`; a string is a
         prompt-only case). Same (case, seed, settings) => same initial noise for any ``kv``.
 
         A text-only model reads ``text_case(case, self.name).prompt`` (:func:`text_case`
@@ -77,7 +77,7 @@ class CasePlanner(Protocol):
 
 def text_case(case: Case | str, model: str) -> Case:
     """``case`` as a case a text-only ``model`` can generate: its prompt (and id) alone.
-    An image or a trajectory is a :class:`~jbkv_cli.errors.UsageError` naming the model."""
+    An image or a trajectory is a :class:`~jbkv_cli.utils.errors.UsageError` naming the model."""
     case = Case.of(case)
     extra = [what for what, v in (("an image", case.image), ("a trajectory", case.trajectory)) if v]
     if extra:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from jbkv_cli.errors import UsageError
+from jbkv_cli.utils.errors import UsageError
 
 DTYPES = {
     "bfloat16": torch.bfloat16,

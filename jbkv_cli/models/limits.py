@@ -1,8 +1,8 @@
-"""Option specs the model adapters share (:mod:`jbkv_cli.fields`): device, dtype, steps,
+"""Option specs the model adapters share (:mod:`jbkv_cli.utils.fields`): device, dtype, steps,
 chunks, frame size, seeds.
 
-Every adapter declares each option it takes as a :class:`~jbkv_cli.fields.Spec` and parses the
-options through :func:`~jbkv_cli.fields.parse_options` first in its ``check_options``, so a
+Every adapter declares each option it takes as a :class:`~jbkv_cli.utils.fields.Spec` and parses the
+options through :func:`~jbkv_cli.utils.fields.parse_options` first in its ``check_options``, so a
 value of the wrong type or out of range is a usage error (exit 2) naming the option and its
 range before a model is built or a run folder created. The bounds keep a run's memory and time
 finite: at most :data:`MAX_STEPS` denoising steps (the 1,000 training timesteps of these
@@ -11,8 +11,8 @@ diffusion schedules) and :data:`MAX_CHUNKS` chunks; frame sides up to :data:`MAX
 
 from __future__ import annotations
 
-from jbkv_cli.fields import MAX_SEED, Spec
 from jbkv_cli.models.dtypes import DTYPES
+from jbkv_cli.utils.fields import MAX_SEED, Spec
 
 MAX_STEPS = 1000
 MAX_CHUNKS = 1024

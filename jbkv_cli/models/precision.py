@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from jbkv_cli.errors import UsageError
-from jbkv_cli.fields import Spec
+from jbkv_cli.utils.errors import UsageError
+from jbkv_cli.utils.fields import Spec
 
 UPSTREAM = "upstream"
 FP32_ACCUM = "fp32-accum"

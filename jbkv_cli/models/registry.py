@@ -3,16 +3,16 @@
 A model module provides ``load_model(**options) -> VideoModel``, ``check_options(**options)``
 (what ``load_model`` would refuse, without building anything) and, when it reads only some
 prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raises
-:class:`~jbkv_cli.errors.UsageError` for a prompt it cannot read; commands call it for every
+:class:`~jbkv_cli.utils.errors.UsageError` for a prompt it cannot read; commands call it for every
 prompt before anything is created. A model that reads more than a prompt (an image, a camera
-trajectory: :class:`~jbkv_cli.cases.Case`) provides ``check_cases(cases, **options)``, which
+trajectory: :class:`~jbkv_cli.models.cases.Case`) provides ``check_cases(cases, **options)``, which
 refuses a case it cannot generate with those options; every other model takes prompt-only
 cases (:func:`check_cases`). A model that reads files (weights, configs, a pose file option)
 provides ``input_paths(**options)``: role -> each file or folder ``load_model`` would read,
 located as it locates them (``--weights``, an environment variable, the Hugging Face cache)
 without reading them. The one list of what a model reads: commands refuse an output path onto
-any of them (:mod:`jbkv_cli.outputs`), and a run fingerprints them by role
-(:mod:`jbkv_cli.fingerprints`) to refuse a resume from changed files.
+any of them (:mod:`jbkv_cli.cli.outputs`), and a run fingerprints them by role
+(:mod:`jbkv_cli.run.fingerprints`) to refuse a resume from changed files.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError
-from jbkv_cli.library_output import quiet_warnings
 from jbkv_cli.models.base import VideoModel, text_case
+from jbkv_cli.models.cases import Case
+from jbkv_cli.utils.errors import UsageError
+from jbkv_cli.utils.library_output import quiet_warnings
 
 # name -> "module:factory"; factory(**options) -> VideoModel
 MODELS: dict[str, str] = {
     "tiny": "jbkv_cli.models.tiny:load_model",
     "magi1": "jbkv_cli.models.magi1:load_model",
-    "skyreels-v2": "jbkv_cli.models.skyreels_v2:load_model",
-    "self-forcing": "jbkv_cli.models.self_forcing:load_model",
-    "rolling-forcing": "jbkv_cli.models.rolling_forcing:load_model",
+    "skyreels-v2": "jbkv_cli.models.wan.skyreels_v2:load_model",
+    "self-forcing": "jbkv_cli.models.wan.self_forcing:load_model",
+    "rolling-forcing": "jbkv_cli.models.wan.rolling_forcing:load_model",
     "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
-    "matrix-game-2": "jbkv_cli.models.matrix_game:load_model",
+    "matrix-game-2": "jbkv_cli.models.wan.matrix_game:load_model",
 }
 
 DEFAULT_MODEL = "tiny"

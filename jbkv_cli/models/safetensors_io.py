@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from jbkv_cli.errors import JbkvError
+from jbkv_cli.utils.errors import JbkvError
 
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default format: a zip archive holding a pickle
 _PICKLE_PROTOCOLS = range(2, 6)  # a bare pickle starts with b"\x80" and its protocol byte

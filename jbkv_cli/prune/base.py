@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from jbkv_cli.fields import check_fields
+from jbkv_cli.utils.fields import check_fields
 
 
 class LayerPruning(Protocol):
@@ -60,7 +60,7 @@ class KVPruner:
     """Base of pruners. Class attributes a subclass sets: ``name`` (registry and CLI name),
     ``title`` (label part, e.g. ``Forcing-KV``), ``short`` (variant-id part, e.g. ``fkv``) and
     ``summary`` (one line for help texts). Option fields are declared with
-    :func:`~jbkv_cli.fields.option` (type and bounds); ``__post_init__`` validates them and
+    :func:`~jbkv_cli.utils.fields.option` (type and bounds); ``__post_init__`` validates them and
     stores canonical values, as for compression methods."""
 
     name: ClassVar[str] = ""

@@ -112,10 +112,10 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from jbkv_cli.fields import option
 from jbkv_cli.prune.base import Decision, KVPruner
 from jbkv_cli.prune.forcing_kv_history import percent_id
 from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
+from jbkv_cli.utils.fields import option
 
 UPSTREAM_PATCHES = 6  # num_frame_patch of the Self-Forcing config
 MAX_FRAMES = 1024

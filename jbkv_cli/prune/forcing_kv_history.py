@@ -74,9 +74,9 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from jbkv_cli.fields import option
 from jbkv_cli.prune.base import Decision, KVPruner
 from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
+from jbkv_cli.utils.fields import option
 
 DEFAULT_SEGMENTS = 8
 DEFAULT_RETENTION = 0.33
@@ -268,6 +268,6 @@ class ForcingKVHistory(KVPruner):
 def percent_id(share: float) -> str:
     """``100 · share`` for a variant id: ``50`` for 0.5, ``33p3`` for 0.333 (``p``: the decimal
     point; ids use ``-`` and ``.`` for other things). Distinct canonical shares (10 significant
-    digits, :mod:`jbkv_cli.fields`) give distinct ids; whole percents read as before."""
+    digits, :mod:`jbkv_cli.utils.fields`) give distinct ids; whole percents read as before."""
     text = format(Decimal(f"{100 * share:.10g}").normalize(), "f")
     return text.replace(".", "p")

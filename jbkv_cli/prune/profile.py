@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.jsonio import FileReadError, parse_json, read_bytes
+from jbkv_cli.utils.jsonio import FileReadError, parse_json, read_bytes
 
 FORMAT = "jbkv-head-profile/1"
 KINDS = ("static", "dynamic")
@@ -143,7 +143,7 @@ def load_profile(path: Path | str) -> HeadProfile:
 def read_profile(path: Path | str) -> tuple[HeadProfile, bytes]:
     """The validated profile in ``path`` and the bytes it was read from (for its digest).
 
-    Only a regular file of at most :data:`~jbkv_cli.jsonio.MAX_JSON_BYTES` is read (a FIFO or
+    Only a regular file of at most :data:`~jbkv_cli.utils.jsonio.MAX_JSON_BYTES` is read (a FIFO or
     ``/dev/zero`` is refused without blocking); bad UTF-8, bad or too deeply nested JSON and a
     wrong shape are one :class:`ProfileError` naming ``path``.
     """

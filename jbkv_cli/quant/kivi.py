@@ -53,11 +53,11 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.fields import option
 from jbkv_cli.quant.groupwise import pack_codes, quantize_groups, unpack_codes
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.rtn import store_groups
 from jbkv_cli.quant.tensor import ADDITIVE, GroupQuantized, QuantizedTensor
+from jbkv_cli.utils.fields import option
 
 DEFAULT_RESIDUAL = 128
 MAX_RESIDUAL = 2**20

@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from jbkv_cli.fields import check_fields, option
 from jbkv_cli.quant.groupwise import check_group_size
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
+from jbkv_cli.utils.fields import check_fields, option
 
 Role = Literal["key", "value"]
 MAX_GROUP_SIZE = 4096
@@ -50,7 +50,7 @@ class KVMethod:
     the key tensor it returns declares the same next to its ``step``; a method that does not say
     gets ``additive (assumed)``).
 
-    Every field is declared with :func:`~jbkv_cli.fields.option` (type and bounds, in one
+    Every field is declared with :func:`~jbkv_cli.utils.fields.option` (type and bounds, in one
     place); ``__post_init__`` validates them and stores canonical values, so ``-M`` values,
     ``variant.json`` and Python callers all go through one validator. ``UNUSED_OPTIONS`` names
     fields a subclass ignores (an ablation): they are reset to their defaults, so one behaviour

@@ -85,7 +85,6 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.affine import AFFINE_BITS, AffineResidual, check_affine, quantize_affine
 from jbkv_cli.quant.kmeans import (
     CENTROID_DTYPE,
@@ -102,6 +101,7 @@ from jbkv_cli.quant.qsac import channel_weights, qsac_cluster
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.qvg_policy import UNCAPPED_TOKENS_PER_CENTROID
 from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
+from jbkv_cli.utils.fields import MAX_SEED, option
 
 
 def quantwm_centroids(k: int, tokens: int, tokens_per_centroid: int) -> tuple[int, bool]:

@@ -15,11 +15,11 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.method import MAX_GROUP_SIZE, Role
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.rtn import RTN, store_groups
 from jbkv_cli.quant.tensor import GroupQuantized
+from jbkv_cli.utils.fields import MAX_SEED, option
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,6 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import (
     STEP_DTYPE,
     check_group_size,
@@ -114,6 +113,7 @@ from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
 from jbkv_cli.quant.policy import SpanPolicy
 from jbkv_cli.quant.qvg_policy import LAYOUTS, effective_centroids, integration, resolved_cap
 from jbkv_cli.quant.tensor import MIXED, QuantizedTensor
+from jbkv_cli.utils.fields import MAX_SEED, option
 
 
 def symmetric_levels(bits: int) -> int:

@@ -69,11 +69,11 @@ from typing import ClassVar
 
 import torch
 
-from jbkv_cli.fields import MAX_SEED, option
 from jbkv_cli.quant.groupwise import check_group_size, pack_codes, unpack_codes
 from jbkv_cli.quant.lloyd_max import Codebook, lloyd_max
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.tensor import ADDITIVE, CENTROID, QuantizedTensor
+from jbkv_cli.utils.fields import MAX_SEED, option
 
 NORM_DTYPE = torch.float16
 NORM_MAX = 65504.0

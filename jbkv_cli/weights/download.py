@@ -17,7 +17,7 @@
 5. ``os.replace`` moves it onto the destination (atomic on one file system); an archive is
    unpacked by :func:`~jbkv_cli.weights.unpack.unpack_zip` and then deleted.
 
-Every failure is one :class:`~jbkv_cli.errors.JbkvError` line naming the URL (or the local
+Every failure is one :class:`~jbkv_cli.utils.errors.JbkvError` line naming the URL (or the local
 file). The ``.part`` is kept only when the network failed (refused, reset, timed out, a body
 cut short, a garbled reply, an HTTP error), so the next ``fetch`` resumes it; a pin or size
 mismatch, a local write error and an archive that cannot be unpacked delete it.
@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from jbkv_cli import __version__
-from jbkv_cli.errors import JbkvError, shown
 from jbkv_cli.metrics.vbench_weights import cache_roots
+from jbkv_cli.utils.errors import JbkvError, shown
 from jbkv_cli.weights.manifest import WeightEntry, outside_root
 from jbkv_cli.weights.status import CHUNK, check_file, sha256_of
 from jbkv_cli.weights.unpack import UnpackError, check_items, unpack_zip

@@ -27,9 +27,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
-from jbkv_cli.errors import JbkvError, shown
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.metrics.vbench_weights import cache_roots
+from jbkv_cli.utils.errors import JbkvError, shown
+from jbkv_cli.utils.jsonio import read_json
 
 MANIFEST_ENV = "JBKV_WEIGHTS_MANIFEST"
 MIRROR_ENV = "JBKV_WEIGHTS_MIRROR"

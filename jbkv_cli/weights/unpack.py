@@ -31,7 +31,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from jbkv_cli.atomic import write_text_atomic
+from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.weights.manifest import WeightEntry
 
 CHUNK = 1 << 20

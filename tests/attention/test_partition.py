@@ -13,8 +13,8 @@ from jbkv_cli.attention.partition import log_partition_shift, partition_summary
 from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.kvcache.layers import layer_caches
 from jbkv_cli.quant import quantize_kv
-from jbkv_cli.report import table_cells
-from jbkv_cli.results import ResultRow, Stat
+from jbkv_cli.report.results import ResultRow, Stat
+from jbkv_cli.report.table import table_cells
 
 
 def test_shift_and_prediction_by_hand():
@@ -85,7 +85,7 @@ def test_the_table_shows_the_measured_shift_and_the_ratio():
 def test_the_html_page_has_the_measured_bias_per_variant():
     """The page's "measured bias" table: Δlog Z, predicted, left (mean ± SE) and the ratio per
     variant that recorded them; a variant without (the reference) is not listed."""
-    from jbkv_cli.html_report import _partition
+    from jbkv_cli.report.html import _partition
 
     base = dict(quantizer="rtn", bits=2, group_size=32, effective_bits=2.75, keys=True)
     row = ResultRow(

@@ -309,7 +309,9 @@ def test_a_damaged_model_folder_is_one_line_naming_the_file(assets, tmp_path):
     assert not list(tmp_path.glob("run-*")), "a refused model left a run folder"
 
 
-ENOSPC_HOOK = Path(__file__).parents[1] / "enospc"  # sitecustomize: ENOSPC for chosen names
+ENOSPC_HOOK = (
+    Path(__file__).parents[1] / "support" / "enospc"
+)  # sitecustomize: ENOSPC for chosen names
 
 
 def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from jbkv_cli.errors import JbkvError, UsageError
 from jbkv_cli.llm.data import Bin, open_source, parse_bins, parse_sizes, select_examples
 from jbkv_cli.llm.tiny.corpus import CorpusConfig, answer_mask, document_ids, eval_document
 from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
+from jbkv_cli.utils.errors import JbkvError, UsageError
 
 
 def _words(text: str) -> list[int]:

@@ -260,7 +260,7 @@ def test_every_registry_method_and_correction_runs():
     """Every method of the registry, with every CLI correction, stores the prefix and scores
     the chunk; quantized methods store less than the reference, and the correction moves the
     prefix's attention mass (ΔP_S) for every method that quantizes keys."""
-    from jbkv_cli.commands.options import CLI_CORRECTIONS
+    from jbkv_cli.cli.options import CLI_CORRECTIONS
     from jbkv_cli.quant.registry import METHODS
 
     model = tiny_lm("llama")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.llm.load_errors import check_config
+from jbkv_cli.utils.errors import JbkvError
 
 
 @pytest.mark.parametrize(

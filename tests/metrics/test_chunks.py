@@ -101,7 +101,7 @@ def test_compare_dirs_reads_the_chunk_length_from_the_record_beside_the_video(tm
     import json
 
     from jbkv_cli.metrics.fidelity import compare_dirs
-    from jbkv_cli.video import write_video_lossless
+    from jbkv_cli.utils.video import write_video_lossless
 
     frames = torch.randint(0, 256, (8, 16, 16, 3), dtype=torch.uint8)
     for d in ("ref", "test"):

@@ -11,13 +11,13 @@ import pytest
 import torch
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics import perceptual
 from jbkv_cli.metrics.fidelity import compare_dirs, compare_videos
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, psnr_per_frame
 from jbkv_cli.metrics.ssim import gaussian_taps, ssim_per_frame, window_size
 from jbkv_cli.metrics.stats import aggregate
-from jbkv_cli.video import write_video_lossless, write_video_mp4
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.video import write_video_lossless, write_video_mp4
 
 REL = 1e-6
 ALEX_SHAPES = {0: (64, 3, 11, 11), 3: (192, 64, 5, 5), 6: (384, 192, 3, 3), 8: (256, 384, 3, 3)}

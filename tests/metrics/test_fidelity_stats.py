@@ -10,10 +10,10 @@ import pytest
 import torch
 from scipy import stats
 
-from jbkv_cli.commands.fidelity import fidelity_command
+from jbkv_cli.cli.commands.fidelity import fidelity_command
 from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
-from jbkv_cli.video import write_video_lossless
+from jbkv_cli.utils.video import write_video_lossless
 
 
 def _video(psnr_chunks, ssim_chunks, lpips_chunks=None):

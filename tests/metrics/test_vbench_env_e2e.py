@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from jbkv_cli.commands.vbench import register
+from jbkv_cli.cli.commands.vbench import register
 from jbkv_cli.metrics.vbench_env import setup_env
 
 pytestmark = [
@@ -159,7 +159,7 @@ def test_setup_is_idempotent_and_fast(vbench_env):
 def test_temporal_flickering_on_embedded_model_videos(vbench_env, tmp_path):
     """`jbkv generate` on the embedded model, then `jbkv vbench run`: VBench's value equals
     the definition computed on the very clip frames VBench scored."""
-    from jbkv_cli.cli import app as jbkv_app
+    from jbkv_cli.cli.app import app as jbkv_app
 
     run = tmp_path / "run"
     prompt = "a red circle moves right on a dark background"
@@ -210,7 +210,7 @@ def test_temporal_flickering_on_embedded_model_videos(vbench_env, tmp_path):
 def test_quantize_eval_vbench_end_to_end(vbench_env, tmp_path):
     """The README's flow in one command: generate, score, VBench (dimensions without weights),
     then the tables."""
-    from jbkv_cli.cli import app as jbkv_app
+    from jbkv_cli.cli.app import app as jbkv_app
 
     res = CliRunner().invoke(
         jbkv_app,

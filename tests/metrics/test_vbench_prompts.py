@@ -4,7 +4,6 @@ import math
 
 import pytest
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_prompts import (
     ceil_fraction,
     first_fraction_subset,
@@ -12,6 +11,7 @@ from jbkv_cli.metrics.vbench_prompts import (
     load_vbench_subset,
 )
 from jbkv_cli.metrics.vbench_scores import DIMENSIONS
+from jbkv_cli.utils.errors import JbkvError
 
 
 def test_ceil_fraction_is_integer_exact():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.models import registry
+from jbkv_cli.utils.errors import JbkvError
 
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 

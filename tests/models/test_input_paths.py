@@ -1,8 +1,8 @@
 """Every model's ``input_paths`` names, by role, the weight files and folders its
 ``load_model`` reads, located the same way: ``--weights``, the model's environment variable, or
 the Hugging Face cache. Commands refuse an output onto any of them
-(``tests/test_output_paths.py``) and a run fingerprints them by role
-(``tests/test_changed_inputs.py``). The layouts here are empty files: locating reads none of
+(``tests/cli/test_output_paths.py``) and a run fingerprints them by role
+(``tests/run/test_changed_inputs.py``). The layouts here are empty files: locating reads none of
 them."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jbkv_cli.models import registry
-from jbkv_cli.models.diffusers_wan import Required
+from jbkv_cli.models.wan.diffusers_wan import Required
 from tests.models.hy_worldplay.test_hy_worldplay_checkpoint import full_layout
 
 
@@ -71,7 +71,7 @@ def test_magi1_from_the_hf_cache_and_its_special_tokens(tmp_path, monkeypatch):
 
 
 def test_skyreels_from_its_environment_variable(tmp_path, monkeypatch):
-    from jbkv_cli.models.skyreels_v2 import components as sky
+    from jbkv_cli.models.wan.skyreels_v2 import components as sky
 
     monkeypatch.setenv(sky.ENV_VAR, str(tmp_path))
     assert registry.input_paths("skyreels-v2") == {"weights": tmp_path}
@@ -80,7 +80,7 @@ def test_skyreels_from_its_environment_variable(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["self-forcing", "rolling-forcing"])
 @pytest.mark.parametrize("how", ["env", "weights"])
 def test_self_forcing_family_base_and_generator(tmp_path, monkeypatch, name, how):
-    from jbkv_cli.models.self_forcing import components as comp
+    from jbkv_cli.models.wan.self_forcing import components as comp
 
     base = fill_layout(tmp_path / comp.BASE_DIR, comp._BASE_REQUIRED)
     generator = "rolling_forcing_dmd.pt" if name == "rolling-forcing" else "self_forcing_dmd.pt"
@@ -114,7 +114,7 @@ def test_hy_worldplay_weights_and_pose_file(tmp_path):
 
 
 def test_matrix_game_weights_folder(tmp_path):
-    from jbkv_cli.models.matrix_game import loaders
+    from jbkv_cli.models.wan.matrix_game import loaders
 
     files = [
         _touch(tmp_path / f)

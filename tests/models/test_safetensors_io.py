@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights
+from jbkv_cli.utils.errors import JbkvError
 
 
 def _one_line(exc: pytest.ExceptionInfo) -> str:

@@ -42,7 +42,7 @@ def _per_head(layout: dict, head_dim: int, dtype_bytes: int = 4) -> dict[str, in
 
 
 def test_skyreels_v2_both_cfg_branches_keep_the_budget(tmp_path):
-    from jbkv_cli.models.skyreels_v2 import model as sky
+    from jbkv_cli.models.wan.skyreels_v2 import model as sky
 
     model = sky.load_model(config="tiny-random", device="cpu", num_chunks=4)
     layout = model.head_layout()

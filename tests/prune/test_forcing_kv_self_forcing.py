@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("diffusers")
 
 from jbkv_cli.kvcache import KVSpec
-from jbkv_cli.models.self_forcing import model as sf
+from jbkv_cli.models.wan.self_forcing import model as sf
 from jbkv_cli.prune import ForcingKV
 from jbkv_cli.prune.profile import FORMAT
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from jbkv_cli.cli import app
+from jbkv_cli.cli.app import app
 
 SMALLEST = [
     "--num-chunks",

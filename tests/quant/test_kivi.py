@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from jbkv_cli.attention.correction import exact_bias, taylor_bias
-from jbkv_cli.cli import app
+from jbkv_cli.cli.app import app
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import METHODS, build_method
 from jbkv_cli.quant.groupwise import quantize_groups, round_fp16

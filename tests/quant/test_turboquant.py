@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from jbkv_cli.experiment import build_matrix
 from jbkv_cli.kvcache.pruned import take_tokens
 from jbkv_cli.quant import build_method, quantize_kv
 from jbkv_cli.quant.noise import CENTROID, error_covariances
@@ -24,6 +23,7 @@ from jbkv_cli.quant.turboquant import (
     TurboQuantProdTensor,
     random_orthogonal,
 )
+from jbkv_cli.run.experiment import build_matrix
 
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics.vbench_weights import cache_roots
+from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.weights import entry_status, fetch_entry
 from jbkv_cli.weights.manifest import WeightEntry
 

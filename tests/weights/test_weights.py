@@ -10,9 +10,9 @@ from urllib.parse import urlparse
 
 import pytest
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.metrics import perceptual
 from jbkv_cli.metrics.vbench_weights import WEIGHTS, cache_roots
+from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.weights import entry_status, fetch_entry, load_manifest, select
 from jbkv_cli.weights.manifest import WeightEntry, resolve_mirror
 

@@ -19,7 +19,7 @@ reconstituted context memory in jbkv's cache.
     offload       move encoders / DiT / VAE to the device only for their phase (default: on CUDA)
     seed          init seed of tiny-random
 
-Cases (``--cases FILE``, :mod:`jbkv_cli.cases`) need an image; a trajectory must have one
+Cases (``--cases FILE``, :mod:`jbkv_cli.models.cases`) need an image; a trajectory must have one
 entry per latent. Both are checked by :func:`check_cases` before anything is created.
 """
 
@@ -31,17 +31,17 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError, shown
-from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
+from jbkv_cli.models.cases import Case
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, trajectory_of
 from jbkv_cli.models.hy_worldplay.trajectory import is_json_path
 from jbkv_cli.models.precision import PRECISION, UPSTREAM
-from jbkv_cli.models.self_forcing.image import read_image
+from jbkv_cli.models.wan.self_forcing.image import read_image
+from jbkv_cli.utils.errors import UsageError, shown
+from jbkv_cli.utils.fields import Spec, parse_options
 
 __all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
 

@@ -16,7 +16,7 @@ HY-WorldPlay's AR-distilled action model::
 Without either, the Hugging Face cache: the newest snapshot of ``tencent/HunyuanVideo-1.5``
 (into which ``download_models.py`` copies the encoders) for everything but the action model,
 and of ``tencent/HY-WorldPlay`` for ``ar_distilled_action_model/``. What is missing is listed
-in one :class:`~jbkv_cli.errors.WeightsNotFoundError`, each item with where it comes from.
+in one :class:`~jbkv_cli.utils.errors.WeightsNotFoundError`, each item with where it comes from.
 
 Glyph-SDXL-v2 ships ``byt5_model.pt``, a pickle: jbkv never unpickles at load time, so it is
 converted once (``jbkv convert-checkpoint byt5_model.pt --glyph``, :func:`convert_glyph`).
@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, DiTConfig
 from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.utils.jsonio import read_json
 
 ENV_VAR = "JBKV_HYWORLDPLAY_DIR"
 HF_BASE = "tencent/HunyuanVideo-1.5"
@@ -222,8 +222,8 @@ def convert_glyph(src: Path, dst: Path) -> int:
     tensor count."""
     from safetensors.torch import save_file
 
-    from jbkv_cli.atomic import atomic_path, remove_stale_temps_of
-    from jbkv_cli.models.self_forcing.checkpoint import check_conversion
+    from jbkv_cli.models.wan.self_forcing.checkpoint import check_conversion
+    from jbkv_cli.utils.atomic import atomic_path, remove_stale_temps_of
 
     check_conversion(src, dst)
     try:

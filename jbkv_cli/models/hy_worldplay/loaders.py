@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.errors import JbkvError
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.hy_worldplay.checkpoint import WeightPaths
 from jbkv_cli.models.hy_worldplay.encoders import Encoders
 from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
-from jbkv_cli.pretrained import from_pretrained
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.jsonio import read_json
+from jbkv_cli.utils.pretrained import from_pretrained
 
 
 def glyph_tokens(glyph: Path) -> list[str]:

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError, shown
 from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.metrics.chunks import causal_vae_chunks
 from jbkv_cli.models.base import ProgressFn, Video
+from jbkv_cli.models.cases import Case
 from jbkv_cli.models.hy_worldplay.config import DiTConfig, Schedule
 from jbkv_cli.models.hy_worldplay.dit import WorldPlayDiT
 from jbkv_cli.models.hy_worldplay.encoders import Encoders, image_condition
@@ -34,8 +33,9 @@ from jbkv_cli.models.hy_worldplay.trajectory import (
 )
 from jbkv_cli.models.hy_worldplay.vae import decode_frames, encode_image
 from jbkv_cli.models.precision import UPSTREAM, Precision
-from jbkv_cli.models.self_forcing.image import read_image
-from jbkv_cli.seeding import noise_generator
+from jbkv_cli.models.seeding import noise_generator
+from jbkv_cli.models.wan.self_forcing.image import read_image
+from jbkv_cli.utils.errors import UsageError, shown
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from jbkv_cli.seeding import derive_seed
+from jbkv_cli.models.seeding import derive_seed
 
 NUM_POINTS = 50_000
 RADIUS = 8.0

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from jbkv_cli.errors import JbkvError, UsageError, shown
-from jbkv_cli.jsonio import read_json
+from jbkv_cli.utils.errors import JbkvError, UsageError, shown
+from jbkv_cli.utils.jsonio import read_json
 
 FORWARD_SPEED = 0.08
 TURN_SPEED = math.radians(3.0)

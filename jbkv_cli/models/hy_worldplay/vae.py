@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.errors import JbkvError
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.safetensors_io import check_state_dict, open_safetensors
+from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.jsonio import read_json
 
 _RULES = (
     (

@@ -24,9 +24,6 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.errors import JbkvError, UsageError
-from jbkv_cli.fields import Spec, parse_options
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
 from jbkv_cli.models.dtypes import dtype_from_name
@@ -38,6 +35,9 @@ from jbkv_cli.models.magi1.model import GenerationSettings, Magi1VideoModel, wit
 from jbkv_cli.models.magi1.schedule import required_window
 from jbkv_cli.models.magi1.text import SpecialTokens, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
+from jbkv_cli.utils.errors import JbkvError, UsageError
+from jbkv_cli.utils.fields import Spec, parse_options
+from jbkv_cli.utils.jsonio import read_json
 
 __all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "input_paths", "load_model"]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
-from jbkv_cli.jsonio import read_json
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.safetensors_io import check_state_dict as check_keys
 from jbkv_cli.models.safetensors_io import open_safetensors
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.utils.jsonio import read_json
 
 ENV_VAR = "JBKV_MAGI1_DIR"
 HF_REPO = "sand-ai/MAGI-1"

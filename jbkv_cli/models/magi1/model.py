@@ -9,10 +9,9 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video, text_case
+from jbkv_cli.models.cases import Case
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.kv import cache_attend
@@ -20,7 +19,8 @@ from jbkv_cli.models.magi1.sampler import Sampler
 from jbkv_cli.models.magi1.schedule import plan_forwards, validate
 from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, build_text_condition
 from jbkv_cli.models.magi1.vae import ViTVAE, tiled_decode, to_uint8
-from jbkv_cli.seeding import noise_generator
+from jbkv_cli.models.seeding import noise_generator
+from jbkv_cli.utils.errors import UsageError
 
 
 @dataclass

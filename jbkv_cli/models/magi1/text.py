@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.magi1.sampler import TextCondition
-from jbkv_cli.pretrained import from_pretrained
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.utils.pretrained import from_pretrained
 
 NULL_TOKEN_LENGTH = 50
 MAX_DURATION_TOKENS = 8

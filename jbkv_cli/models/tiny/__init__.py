@@ -14,16 +14,16 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.cases import Case
-from jbkv_cli.errors import UsageError
-from jbkv_cli.fields import Spec, parse_options
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video, text_case
+from jbkv_cli.models.cases import Case
 from jbkv_cli.models.limits import CHUNKS, DEVICE, MAX_CHUNKS, PATH, STEPS
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, weights_file
+from jbkv_cli.utils.errors import UsageError
+from jbkv_cli.utils.fields import Spec, parse_options
 
 FPS = 8.0
 OPTIONS: dict[str, Spec] = {

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from jbkv_cli.errors import UsageError, shown
+from jbkv_cli.utils.errors import UsageError, shown
 
 COLOURS: dict[str, tuple[float, float, float]] = {
     "red": (0.90, 0.12, 0.10),

@@ -31,8 +31,8 @@ import torch
 from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache import layer_caches
 from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.models.seeding import noise_generator
 from jbkv_cli.models.tiny.model import TinyDiT, key_rope, unpatchify
-from jbkv_cli.seeding import noise_generator
 
 
 @dataclass(frozen=True)

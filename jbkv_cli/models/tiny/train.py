@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.tiny.data import VOCAB, DataConfig, random_prompts, render
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT, patchify
 from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
+from jbkv_cli.utils.errors import JbkvError
 
 
 @dataclass

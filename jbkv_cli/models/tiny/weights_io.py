@@ -7,9 +7,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.safetensors_io import check_state_dict, not_regular, open_safetensors
 from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
 DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tiny.safetensors"
 

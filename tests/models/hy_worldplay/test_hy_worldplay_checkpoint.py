@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.hy_worldplay import checkpoint
 from jbkv_cli.models.hy_worldplay.config import TINY
 from jbkv_cli.models.hy_worldplay.dit import WorldPlayDiT
 from jbkv_cli.models.hy_worldplay.tiny import tiny_dit
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
 HERE = Path(__file__).parent
 

@@ -106,7 +106,7 @@ def test_the_text_stream_is_float32_as_autocast_promotes_it(dit, conditions):
 
 
 def test_the_sampler_keeps_latents_as_its_precision_says(tmp_path):
-    from jbkv_cli.cases import Case
+    from jbkv_cli.models.cases import Case
     from jbkv_cli.models.hy_worldplay import load_model
 
     Image.new("RGB", (24, 16), (200, 40, 90)).save(tmp_path / "1.png")

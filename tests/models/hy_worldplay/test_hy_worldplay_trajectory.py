@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from jbkv_cli.errors import UsageError
 from jbkv_cli.models.hy_worldplay.trajectory import euler_xyz_deg, load_trajectory
+from jbkv_cli.utils.errors import UsageError
 
 FX = 969.6969696969696  # upstream's default intrinsics: fx = fy, cx = 960, cy = 540
 K_NORM = np.array([[FX / 1920, 0, 0.5], [0, FX / 1080, 0.5], [0, 0, 1]])

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.models.magi1 import load_dit, load_model
 from jbkv_cli.models.magi1.checkpoint import locate
 from jbkv_cli.models.magi1.config import TINY_DIT, TINY_VARIANT, VARIANTS
 from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.tiny import tiny_dit
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -58,7 +58,7 @@ def test_same_noise_for_every_kv_spec(model):
 
 
 def test_options_validation():
-    from jbkv_cli.errors import JbkvError
+    from jbkv_cli.utils.errors import JbkvError
 
     with pytest.raises(JbkvError, match="multiple"):
         load_model(config="tiny-random", height=20)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from jbkv_cli.cli import app
+from jbkv_cli.cli.app import app
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.magi1 import load_model
 from jbkv_cli.prune import ForcingKVHistory

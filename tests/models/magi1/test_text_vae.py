@@ -7,7 +7,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from jbkv_cli.errors import WeightsNotFoundError
 from jbkv_cli.models.magi1 import load_vae
 from jbkv_cli.models.magi1.config import TINY_VAE, VAEConfig
 from jbkv_cli.models.magi1.text import (
@@ -18,6 +17,7 @@ from jbkv_cli.models.magi1.text import (
 )
 from jbkv_cli.models.magi1.tiny import char_tokenizer, tiny_t5_config, tiny_vae
 from jbkv_cli.models.magi1.vae import ViTVAE, tiled_decode, to_uint8
+from jbkv_cli.utils.errors import WeightsNotFoundError
 
 
 def test_t5_loads_from_local_dir_and_encodes(tmp_path):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.data import BACKGROUNDS, DataConfig, all_prompts, render
+from jbkv_cli.utils.errors import JbkvError
 
 
 def frames_of(video: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from jbkv_cli.attention import AttentionRecorder
-from jbkv_cli.commands.options import read_prompts
-from jbkv_cli.errors import JbkvError, WeightsNotFoundError
+from jbkv_cli.cli.options import read_prompts
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.registry import load_model as registry_load
@@ -17,6 +16,7 @@ from jbkv_cli.models.tiny.check import check_video
 from jbkv_cli.models.tiny.model import TinyConfig
 from jbkv_cli.models.tiny.train import TrainConfig, train
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
+from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.errors import JbkvError
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.kvcache.spec import FULL_PRECISION
 from jbkv_cli.models.tiny.data import DataConfig, all_prompts, parse_prompt, render
@@ -19,6 +18,7 @@ from jbkv_cli.models.tiny.model import (
     rope_tables,
     unpatchify,
 )
+from jbkv_cli.utils.errors import JbkvError
 
 
 def random_model(window: int = 2, depth: int = 2) -> TinyDiT:

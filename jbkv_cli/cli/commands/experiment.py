@@ -1,0 +1,491 @@
+"""``jbkv generate``, ``jbkv quantize-eval`` and ``jbkv report``: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from jbkv_cli.cli.groups import (
+    Inputs,
+    ModelFlags,
+    check_load,
+    check_model,
+    load,
+    model_paths,
+    with_groups,
+)
+from jbkv_cli.cli.options import print_gate_outcome
+from jbkv_cli.cli.outputs import check_output_file
+from jbkv_cli.cli.variants import CacheFlags, SweepFlags, profile_paths
+from jbkv_cli.kvcache.coverage import noop_reason
+from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
+from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
+from jbkv_cli.report.comparisons import comparison_lines, comparisons_markdown
+from jbkv_cli.report.gate import check_baseline, load_baseline, parse_tolerances
+from jbkv_cli.report.results import ResultRow
+from jbkv_cli.report.table import (
+    build_rows,
+    lpips_note,
+    print_table,
+    to_csv,
+    to_json,
+    to_markdown,
+)
+from jbkv_cli.run.directory import RunDir
+from jbkv_cli.run.experiment import (
+    Scoring,
+    fingerprint_inputs,
+    generate_all,
+    open_run,
+    score_fidelity,
+)
+from jbkv_cli.utils import distributed
+from jbkv_cli.utils.atomic import check_writable_dir, write_text_atomic
+from jbkv_cli.utils.console import err, out, plain, warn
+from jbkv_cli.utils.errors import UsageError, shown
+
+NO_LAYOUT = "its adapter states no head_layout() (models/base.py: PrunableModel)"
+
+
+def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
+    """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks);
+    every pruner can run on it (its head profile is read and checked here)."""
+    _check_pruners(model, specs)
+    head_dim = model.settings.get("head_dim")
+    if head_dim is None:
+        return
+    for spec in specs:
+        for method in {spec.key, spec.value} - {None}:
+            try:
+                method.check(head_dim)
+            except ValueError as exc:
+                hint = ""
+                if method.group_size == method.default_group_size():
+                    hint = f" (g{method.group_size} is {method.name}'s default: give --group-size)"
+                raise UsageError(f"{method.label} on {model.name}: {exc}{hint}") from None
+
+
+def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
+    for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
+        if not isinstance(model, PrunableModel):
+            raise UsageError(f"{pruner.name} cannot prune model {model.name!r}: {NO_LAYOUT}")
+        try:
+            pruner.plans(model.name, **model.head_layout())
+        except ValueError as exc:
+            raise UsageError(f"{pruner.name} on {model.name}: {exc}") from None
+
+
+def _prune_problem(model: VideoModel, spec: KVSpec) -> str | None:
+    """Why ``spec``'s methods cannot be pruned (they must store each token on its own)."""
+    from jbkv_cli.kvcache.pruned import check_prunable
+
+    head_dim = model.settings.get("head_dim")
+    if spec.pruner is None or head_dim is None:
+        return None
+    try:
+        for method in {spec.key, spec.value} - {None}:
+            check_prunable(method, head_dim)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _prunable_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """The variants but pruned ones whose methods cannot drop single tokens (those are named
+    in a warning and left out)."""
+    problems = {s: _prune_problem(model, s) for s in specs}
+    dropped = [(s.variant_id, why) for s, why in problems.items() if why]
+    if dropped:
+        warn(
+            f"{len(dropped)} pruned variant(s) are left out: pruning needs a method that stores "
+            f"each token on its own (e.g. {dropped[0][0]}: {dropped[0][1]})"
+        )
+    return [s for s, why in problems.items() if not why]
+
+
+def _fitting_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
+    """The sweep's variants this model's heads can hold; the rest are named in a warning."""
+    head_dim = model.settings.get("head_dim")
+    if head_dim is None:
+        return specs
+    kept, dropped = [], []
+    for spec in specs:
+        try:
+            for method in {spec.key, spec.value} - {None}:
+                method.check(head_dim)
+            kept.append(spec)
+        except ValueError:
+            dropped.append(spec.variant_id)
+    if dropped:
+        warn(
+            f"{len(dropped)} sweep variant(s) do not fit {model.name}'s head dim {head_dim} "
+            f"and are left out (e.g. {dropped[0]})"
+        )
+    return kept
+
+
+def _geometry(settings: dict[str, Any]) -> tuple[int, int | None, int | None] | None:
+    """Upper bounds on a video's cache commits and held chunks, and the tokens per commit
+    (None: unknown), from a model's settings: ``num_chunks`` (× ``chunk_frames /
+    commit_frames`` where a model commits frame by frame), ``window``, ``tokens_per_chunk``."""
+    chunks = settings.get("num_chunks")
+    if type(chunks) is not int:
+        return None
+    frames, commit = settings.get("chunk_frames"), settings.get("commit_frames")
+    if type(frames) is int and type(commit) is int and 0 < commit <= frames:
+        chunks *= frames // commit
+    window, tokens = settings.get("window"), settings.get("tokens_per_chunk")
+    return chunks, window if type(window) is int else None, tokens if type(tokens) is int else None
+
+
+def _warn_noops(model: VideoModel, specs: list[KVSpec]) -> None:
+    """One stderr line per variant whose cache policy compresses nothing in this model's
+    videos (:func:`~jbkv_cli.kvcache.coverage.noop_reason`), before anything is generated."""
+    geometry = _geometry(model.settings)
+    if geometry is None or not distributed.is_main():
+        return
+    for spec in specs:
+        methods = dict.fromkeys(m for m in (spec.key, spec.value) if m is not None)
+        why = [noop_reason(m, *geometry, spec.sink_chunks) for m in methods if spec.quantized]
+        if why and all(why):
+            warn(
+                f"{spec.label} on {model.name} will compress nothing: {why[0]}; its row will "
+                "be marked no-op"
+            )
+
+
+def _summary_line(summary, run: RunDir) -> None:
+    rest = (
+        f" videos generated, {summary.skipped} already done · "
+        f"{summary.seconds:.1f} s · peak KV cache {summary.peak_kv_bytes / 2**20:.2f} MB · "
+        f"run: {run.root}" + _per_rank(summary.per_rank)
+    )
+    err.print(plain(summary.generated, "bold") + plain(rest), highlight=False)
+
+
+def _per_rank(counts: list[int]) -> str:
+    """`` · per rank: 3, 3`` under torchrun (videos made by ranks 0, 1, …); one process: ``""``."""
+    return f" · per rank: {', '.join(map(str, counts))}" if len(counts) > 1 else ""
+
+
+@with_groups
+def generate(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help=f"Model: {', '.join(MODELS)}.")
+    ] = DEFAULT_MODEL,
+    cache: CacheFlags = CacheFlags(),
+    inputs: Inputs = Inputs(),
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Run directory (default runs/<model>).")
+    ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference/--no-reference", help="Also generate the 16-bit reference (once; reused)."
+        ),
+    ] = True,
+    diagnostics: Annotated[
+        bool,
+        typer.Option("--diagnostics/--no-diagnostics", help="Record ΔP_S etc. while generating."),
+    ] = True,
+    flags: ModelFlags = ModelFlags(),
+) -> None:
+    """Generate videos with a (quantized) KV cache into a run directory; resumable."""
+    check_model(model)
+    spec = cache.spec()
+    opts = flags.options(model)
+    items = inputs.items(model, opts)
+    distributed.setup(flags.device)
+    root = out_dir or Path("runs") / model
+    files = fingerprint_inputs(root, model, opts, [c for c, _ in items])
+    m = load(model, opts)
+    spec = resolve_spec(m, spec)
+    _check_specs(m, [spec])
+    problem = _prune_problem(m, spec)
+    if problem:
+        raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
+    _warn_noops(m, [spec])
+    run = open_run(root, model, m.settings, files)
+    specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
+    summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
+    _summary_line(summary, run)
+
+
+@with_groups
+def quantize_eval(
+    models: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="Model(s) to evaluate (repeatable).")
+    ] = None,
+    sweep: SweepFlags = SweepFlags(),
+    inputs: Inputs = Inputs(),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Run directory root (one sub-directory per model).")
+    ] = Path("runs/quantize-eval"),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the machine-readable result here.")
+    ] = None,
+    lpips: Annotated[
+        bool,
+        typer.Option(
+            "--lpips/--no-lpips", help="Compute LPIPS (needs the AlexNet weights offline)."
+        ),
+    ] = True,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
+    ] = True,
+    vbench: Annotated[
+        bool, typer.Option("--vbench", help="Also run VBench (needs `jbkv vbench setup`).")
+    ] = False,
+    flags: ModelFlags = ModelFlags(),
+) -> None:
+    """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
+    diagnostics, then the table. With no arguments it runs on the embedded model."""
+    specs = sweep.specs()
+    names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
+    for name in names:
+        check_model(name)
+    model_opts = {name: flags.options(name) for name in names}
+    work = {name: inputs.items(name, model_opts[name]) for name in names}
+    for name in names:  # every model's options and weights, before the first one runs
+        check_load(name, model_opts[name])
+    if json_path is not None:  # not over a run's files, nor over anything the command reads
+        reads = [
+            path
+            for name in names
+            for path in (
+                *inputs.paths(name, work[name]),
+                *model_paths(name, model_opts[name]),
+                *profile_paths(specs, name),
+            )
+        ]
+        check_output_file(
+            json_path, "--json", runs=[out_dir / name for name in names], inputs=reads
+        )
+    distributed.setup(flags.device)
+    files = {  # and every model's files, against its run folder
+        name: fingerprint_inputs(out_dir / name, name, model_opts[name], [c for c, _ in items])
+        for name, items in work.items()
+    }
+    results, shows = [], []
+    for name, items in work.items():
+        m = load(name, model_opts[name])
+        model_specs = resolve_specs(m, specs)
+        model_specs = _fitting_specs(m, model_specs) if sweep.frontier else model_specs
+        model_specs = _prunable_specs(m, model_specs)
+        _check_specs(m, model_specs)
+        _warn_noops(m, model_specs)
+        root = out_dir / name
+        run = open_run(root, name, m.settings, files[name])
+        scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
+        summary = generate_all(m, run, model_specs, items, scoring=scoring)
+        shows.append(partial(_summary_line, summary, run))
+        if vbench:
+            _run_vbench(run)
+        if distributed.is_main():  # under torchrun rank 0 alone renders and writes the report
+            data, show = _write_report(run, plots=plots, lpips_status=scoring.status)
+            results.append(data)
+            shows.append(show)
+    if json_path is not None and distributed.is_main():
+        data = results[0] if len(results) == 1 else {"runs": results}
+        write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
+        shows.append(partial(err.print, f"wrote {json_path}", highlight=False))
+    for show in shows:  # every file is written: a failure while printing cannot lose a result
+        show()
+
+
+def _run_vbench(run: RunDir) -> None:
+    """VBench-Long on every variant of the run, dimensions whose weights are present."""
+    from jbkv_cli.cli.commands.vbench import run_command
+
+    run_command(
+        run.root,
+        dimensions=None,
+        mode="long_custom_input",
+        device="auto",
+        out_dir=None,
+        skip_missing=True,
+        static_filter=False,
+        dev_flag=True,
+        force=False,
+        root=None,
+    )
+
+
+def _write_report(
+    run: RunDir, *, plots: bool, lpips_status: str | None = None
+) -> tuple[dict[str, Any], Callable[[], None]]:
+    """Write RUN/report (results.json, table.md, the figures, index.html); return the report's
+    data and the function that prints it (the table, the gains, the files written). Files
+    first, so a failure while printing never loses what was computed."""
+    from jbkv_cli.report.html import write_html_report
+
+    rows = build_rows(run)
+    data = to_json(run, rows)
+    report_dir = run.root / "report"
+    write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
+    write_text_atomic(report_dir / "table.md", to_markdown(rows) + comparisons_markdown(data))
+    made = []
+    if plots:
+        from jbkv_cli.report.plots import make_plots
+
+        made = make_plots(run, rows, report_dir)
+    page = write_html_report(run, data, report_dir)
+    return data, partial(_print_report, run, rows, data, made, page, lpips_status)
+
+
+def _print_report(
+    run: RunDir,
+    rows: list[ResultRow],
+    data: dict[str, Any],
+    made: list[Path],
+    page: Path,
+    lpips_status: str | None,
+) -> None:
+    """What quantize-eval prints of a run's report (:func:`_write_report` wrote its files)."""
+    settings = run.manifest.get("settings", {})
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
+    print_table(out, rows, f"{run.manifest.get('model')} · {shown}")
+    note = lpips_note(rows) or (
+        lpips_status if lpips_status and "unavailable" in lpips_status else None
+    )
+    if note:
+        warn(f"LPIPS n/a: {note}")
+    print_comparisons(data)
+    for r in rows:
+        if r.kv_bytes_by_head and r.kv_cache_bytes is not None and r.kv_ratio is not None:
+            split = ", ".join(f"{k} heads {v / 2**20:.3f}" for k, v in r.kv_bytes_by_head.items())
+            out.print(
+                f"  {r.label}: KV {r.kv_cache_bytes / 2**20:.3f} MB = {r.kv_ratio:.3f} of the "
+                f"reference's ({split} MB)",
+                highlight=False,
+            )
+    for r in rows:
+        if r.kv_bytes_by_cache and r.kv_cache_bytes is not None:
+            split = ", ".join(f"{k} {v / 2**20:.3f}" for k, v in r.kv_bytes_by_cache.items())
+            out.print(
+                f"  {r.label}: KV {r.kv_cache_bytes / 2**20:.3f} MB ({split} MB)", highlight=False
+            )
+    if made:
+        err.print("plots: " + ", ".join(str(p) for p in made), highlight=False)
+    err.print(f"page: {page}", highlight=False)
+
+
+def print_comparisons(data: dict[str, Any]) -> None:
+    """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`)."""
+    for line in comparison_lines(data):
+        out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
+
+
+def report(
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
+    ],
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="table, md, json, csv, or html (RUN/report/index.html + plots)."
+        ),
+    ] = "table",
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
+    ] = False,
+    baseline: Annotated[
+        Path | None, typer.Option(help="A stored result (JSON) to gate against.")
+    ] = None,
+    tolerance: Annotated[
+        str | None,
+        typer.Option(help="Allowed regression, e.g. psnr=0.5,ssim=0.01,lpips=0.01,delta_ps=0.01."),
+    ] = None,
+    score: Annotated[
+        bool,
+        typer.Option(
+            "--score",
+            help="First score the videos not scored yet against the reference (PSNR, SSIM, "
+            "LPIPS; resumable), as quantize-eval does.",
+        ),
+    ] = False,
+    lpips: Annotated[
+        bool, typer.Option("--lpips/--no-lpips", help="With --score: compute LPIPS too.")
+    ] = True,
+) -> None:
+    """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
+    from jbkv_cli.llm.run import is_llm_run
+
+    if is_llm_run(run_dir):  # a `jbkv llm-prefill` run: its own table and gate
+        from jbkv_cli.cli.commands.llm import report_llm
+
+        return report_llm(run_dir, fmt, plots, baseline, tolerance, score)
+    if fmt not in ("table", "md", "json", "csv", "html"):
+        raise UsageError(f"--format must be table, md, json, csv or html, got {shown(fmt)}")
+    tol = parse_tolerances(tolerance)
+    base = load_baseline(baseline) if baseline is not None else None
+    run = RunDir.open(run_dir)
+    if plots:
+        check_writable_dir(run.root / "report", "report folder")
+    if score:
+        check_writable_dir(run.root / "metrics", "metrics folder")
+        distributed.setup()  # under torchrun: each rank scores a share of the pairs
+        score_fidelity(run, lpips=lpips)
+    if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports
+        return
+    rows = build_rows(run)
+    unscored = [
+        r.variant
+        for r in rows
+        if not r.is_reference and r.videos and (r.psnr is None or r.psnr.n < r.videos)
+    ]
+    if unscored and not score:
+        warn(
+            f"{len(unscored)} variant(s) not scored yet (PSNR/SSIM show —): "
+            f"run `jbkv report {run.root} --score`"
+        )
+    made = []  # the figures first: a failure while printing cannot lose them
+    if plots and fmt != "html":
+        from jbkv_cli.report.plots import make_plots
+
+        made = make_plots(run, rows, run.root / "report")
+    if fmt == "table":
+        print_table(out, rows, f"{run.manifest.get('model')} · {run.root}")
+        note = lpips_note(rows)
+        if note:
+            warn(f"LPIPS n/a: {note}")
+        print_comparisons(to_json(run, rows))
+    elif fmt == "md":
+        typer.echo(to_markdown(rows) + comparisons_markdown(to_json(run, rows)), nl=False)
+    elif fmt == "json":
+        typer.echo(json.dumps(to_json(run, rows), indent=2))
+    elif fmt == "csv":
+        typer.echo(to_csv(rows), nl=False)
+    else:
+        typer.echo(_write_html(run, rows))
+    for p in made:
+        err.print(f"wrote {p}", highlight=False)
+    if base is not None:
+        gate = check_baseline(to_json(run, rows), base, tol)
+        print_gate_outcome([] if gate.passed else gate.problems, gate.summary(), baseline)
+
+
+def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:
+    """The HTML report with the figures it shows (made here, so the page is complete)."""
+    from jbkv_cli.report.html import write_html_report
+    from jbkv_cli.report.plots import make_plots
+
+    report_dir = run.root / "report"
+    for p in make_plots(run, rows, report_dir):
+        err.print(f"wrote {p}", highlight=False)
+    return write_html_report(run, to_json(run, rows), report_dir)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
+    app.command("quantize-eval")(quantize_eval)
+    app.command()(report)
+
+
+__all__ = ["generate", "quantize_eval", "register", "report"]

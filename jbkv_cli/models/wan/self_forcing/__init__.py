@@ -1,0 +1,13 @@
+"""The Self-Forcing family (Wan2.1-T2V-1.3B, causal, few-step; LongLive's sink + window;
+Causal-Forcing / Causal-Forcing++ chunk- and frame-wise, image-to-video) via diffusers, with
+jbkv's chunk KV cache."""
+
+from jbkv_cli.models.wan.self_forcing.model import (
+    SelfForcing,
+    check_cases,
+    check_options,
+    input_paths,
+    load_model,
+)
+
+__all__ = ["SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

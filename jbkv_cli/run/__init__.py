@@ -1,0 +1,1 @@
+"""The resumable experiment and its run folder: generate, score, resume."""

@@ -1,0 +1,1 @@
+"""Plumbing shared by every layer: atomic writes, bounded readers, locks, console, signals."""
