@@ -48,8 +48,8 @@ from jbkv_cli.cli.options import (
     read_prompt_items,
     with_image,
 )
-from jbkv_cli.models.base import VideoModel
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.registry import (
     MODELS,
     check_cases,

@@ -2,7 +2,7 @@
 
 A :class:`Case` is a prompt, optionally a conditioning image and a camera trajectory (what
 image- and action-conditioned models such as HY-WorldPlay read), and an id. Every model's
-``generate`` takes a case (:class:`~jbkv_cli.models.base.VideoModel`); a text-only model takes
+``generate`` takes a case (:class:`~jbkv_cli.models.contract.VideoModel`); a text-only model takes
 a *prompt-only* case, the case a bare prompt makes (:meth:`Case.of`).
 
 The run folder pairs videos by (case, seed): a case's :attr:`~Case.name` names its videos

@@ -1,18 +1,8 @@
-"""Models by name. Adding one is one module plus one line here (imported lazily).
+"""Models by name. Adding one is one module plus one line here (imported on first use).
 
-A model module provides ``load_model(**options) -> VideoModel``, ``check_options(**options)``
-(what ``load_model`` would refuse, without building anything) and, when it reads only some
-prompts (the tiny model's closed grammar), ``check_prompt(prompt)``, which raises
-:class:`~jbkv_cli.utils.errors.UsageError` for a prompt it cannot read; commands call it for every
-prompt before anything is created. A model that reads more than a prompt (an image, a camera
-trajectory: :class:`~jbkv_cli.models.cases.Case`) provides ``check_cases(cases, **options)``, which
-refuses a case it cannot generate with those options; every other model takes prompt-only
-cases (:func:`check_cases`). A model that reads files (weights, configs, a pose file option)
-provides ``input_paths(**options)``: role -> each file or folder ``load_model`` would read,
-located as it locates them (``--weights``, an environment variable, the Hugging Face cache)
-without reading them. The one list of what a model reads: commands refuse an output path onto
-any of them (:mod:`jbkv_cli.cli.outputs`), and a run fingerprints them by role
-(:mod:`jbkv_cli.run.fingerprints`) to refuse a resume from changed files.
+The module exports ``ENTRY``, a :class:`~jbkv_cli.models.contract.ModelEntry`: its factory and
+the checks commands run before anything is created (what each does, and the defaults of the
+optional ones, are stated there). The functions below call them by model name.
 """
 
 from __future__ import annotations
@@ -22,63 +12,65 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jbkv_cli.models.base import VideoModel, text_case
+from jbkv_cli.models.base import text_case
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import ModelEntry, VideoModel
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.library_output import quiet_warnings
 
-# name -> "module:factory"; factory(**options) -> VideoModel
+# name -> the module whose ENTRY (a ModelEntry) is the model
 MODELS: dict[str, str] = {
-    "tiny": "jbkv_cli.models.tiny:load_model",
-    "magi1": "jbkv_cli.models.magi1:load_model",
-    "skyreels-v2": "jbkv_cli.models.wan.skyreels_v2:load_model",
-    "self-forcing": "jbkv_cli.models.wan.self_forcing:load_model",
-    "rolling-forcing": "jbkv_cli.models.wan.rolling_forcing:load_model",
-    "hy-worldplay": "jbkv_cli.models.hy_worldplay:load_model",
-    "matrix-game-2": "jbkv_cli.models.wan.matrix_game:load_model",
+    "tiny": "jbkv_cli.models.tiny",
+    "magi1": "jbkv_cli.models.magi1",
+    "skyreels-v2": "jbkv_cli.models.wan.skyreels_v2",
+    "self-forcing": "jbkv_cli.models.wan.self_forcing",
+    "rolling-forcing": "jbkv_cli.models.wan.rolling_forcing",
+    "hy-worldplay": "jbkv_cli.models.hy_worldplay",
+    "matrix-game-2": "jbkv_cli.models.wan.matrix_game",
 }
 
 DEFAULT_MODEL = "tiny"
 
 
-def _module(name: str) -> tuple[Any, str]:
+def entry(name: str) -> ModelEntry:
+    """The :class:`ModelEntry` of the model registered as ``name`` (its module imported now);
+    an unknown name is a :class:`UsageError`, a module without a ``ModelEntry`` as ``ENTRY`` a
+    :class:`TypeError` (a registration bug)."""
     if name not in MODELS:
         raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
-    module_name, factory = MODELS[name].split(":")
-    return importlib.import_module(module_name), factory
+    module = importlib.import_module(MODELS[name])
+    found = module.__dict__.get("ENTRY")
+    if not isinstance(found, ModelEntry):
+        raise TypeError(f"{MODELS[name]}.ENTRY must be a ModelEntry, got {type(found).__name__}")
+    return found
 
 
 def load_model(name: str, **options: Any) -> VideoModel:
     """Build the model registered as ``name``; options are model-specific (weights, steps, ...)."""
-    module, factory = _module(name)
+    load = entry(name).load_model
     with quiet_warnings():  # torch's, Pillow's and numpy's own warnings while it loads
-        return getattr(module, factory)(**options)
+        return load(**options)
 
 
 def check_options(name: str, **options: Any) -> None:
     """Raise what ``load_model(name, **options)`` would raise for its options and weight files,
-    without building the model (the module's ``check_options``; commands check every model of a
-    run before any runs)."""
-    module, _ = _module(name)
-    check = getattr(module, "check_options", None)
-    if check is not None:
-        check(**options)
+    without building the model (its entry's ``check_options``)."""
+    entry(name).check_options(**options)
 
 
 def check_prompts(name: str, prompts: Iterable[str]) -> None:
     """Raise :class:`UsageError` for the first prompt model ``name`` cannot read."""
-    check = getattr(_module(name)[0], "check_prompt", None)
-    if check is not None:
-        for prompt in prompts:
-            check(prompt)
+    check = entry(name).check_prompt
+    for prompt in prompts:
+        check(prompt)
 
 
 def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
     """Raise :class:`UsageError` for the first case model ``name`` cannot generate with
-    ``options`` (its module's ``check_cases``; else a case must be a prompt, and the prompts
-    must pass :func:`check_prompts`). Called before anything is created."""
+    ``options`` (its entry's ``check_cases``; without one a case must be a prompt, and the
+    prompts must pass :func:`check_prompts`). Called before anything is created."""
     cases = list(cases)
-    check = getattr(_module(name)[0], "check_cases", None)
+    check = entry(name).check_cases
     if check is not None:
         check(cases, **options)
         return
@@ -86,7 +78,6 @@ def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
 
 
 def input_paths(name: str, **options: Any) -> dict[str, Path]:
-    """Role -> the file or folder model ``name`` reads with ``options`` (its module's
-    ``input_paths``; none for a model that reads no file, such as a tiny-random config)."""
-    paths = getattr(_module(name)[0], "input_paths", None)
-    return {} if paths is None else {role: Path(p) for role, p in paths(**options).items()}
+    """Role -> the file or folder model ``name`` reads with ``options`` (its entry's
+    ``input_paths``)."""
+    return {role: Path(p) for role, p in entry(name).input_paths(**options).items()}

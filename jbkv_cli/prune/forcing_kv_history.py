@@ -56,7 +56,7 @@ Choices where the paper (as available to us) is silent, and where jbkv differs:
 - Not reproduced: the CUDA kernels and speed-ups (attention here runs over a buffer of the full
   window with dropped tokens masked, so it is no faster), dropping tokens per query chunk inside
   one denoising step, and the paper's numbers. It runs on every adapter that states a head
-  layout (:class:`~jbkv_cli.models.base.PrunableModel`: ``tiny``, ``self-forcing`` — the
+  layout (:class:`~jbkv_cli.models.contract.PrunableModel`: ``tiny``, ``self-forcing`` — the
   paper's family — ``skyreels-v2`` and ``magi1``); only the embedded model's profile is
   shipped (``profiles/tiny.json``), the others are profiled with ``jbkv profile-heads --rule
   local-mass``.

@@ -24,8 +24,8 @@ from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.metrics.chunks import chunk_frames_of, first_chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
-from jbkv_cli.models.base import CasePlanner, VideoModel
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import CasePlanner, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.run.bit_specs import BitPair
@@ -129,7 +129,7 @@ Job = tuple[KVSpec, str, Case, int]  # (spec, variant id, case, seed)
 
 
 def with_plans(model: VideoModel, cases: list[Case]) -> list[Case]:
-    """``cases`` with the plan a :class:`~jbkv_cli.models.base.CasePlanner` computes for each
+    """``cases`` with the plan a :class:`~jbkv_cli.models.contract.CasePlanner` computes for each
     (unchanged for other models)."""
     if not isinstance(model, CasePlanner):
         return cases

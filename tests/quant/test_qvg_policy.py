@@ -94,10 +94,10 @@ def test_spans_with_a_pruner_are_a_usage_error(tmp_path):
 
 def test_a_model_without_pre_rope_support_refuses_pre_rope_keys():
     from jbkv_cli.kvcache import KVSpec, layer_caches
-    from jbkv_cli.models.base import resolve_spec
+    from jbkv_cli.models.contract import VideoModelBase, resolve_spec
     from jbkv_cli.utils.errors import UsageError
 
-    class Other:  # a model adapter that states no ``pre_rope``
+    class Other(VideoModelBase):  # a model adapter that keeps the default ``pre_rope``
         name = "magi1"
 
     spec = KVSpec.build("qvg", 2, 64, layout="pre-rope")

@@ -24,7 +24,7 @@ from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import CacheFlags, SweepFlags, profile_paths
 from jbkv_cli.kvcache.coverage import noop_reason
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import PrunableModel, VideoModel, resolve_spec, resolve_specs
+from jbkv_cli.models.contract import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.report.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.report.gate import check_baseline, load_baseline, parse_tolerances
@@ -50,7 +50,7 @@ from jbkv_cli.utils.atomic import check_writable_dir, write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
 from jbkv_cli.utils.errors import UsageError, shown
 
-NO_LAYOUT = "its adapter states no head_layout() (models/base.py: PrunableModel)"
+NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
 
 
 def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:

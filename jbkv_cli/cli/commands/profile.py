@@ -19,7 +19,7 @@ from rich.table import Table
 from jbkv_cli.cli.commands.experiment import NO_LAYOUT
 from jbkv_cli.cli.groups import Inputs, ModelFlags, check_model, load, model_paths, with_groups
 from jbkv_cli.cli.outputs import check_output_file
-from jbkv_cli.models.base import PrunableModel
+from jbkv_cli.models.contract import PrunableModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.prune.profile import (
     DEFAULT_ANCHOR_FRAMES,
@@ -99,7 +99,7 @@ def profile_heads(
     m = load(model, options)
     if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
-    takes_cases = getattr(m, "profiles_cases", False)
+    takes_cases = m.profiles_cases
     for case, _ in items:
         if not case.prompt_only and not takes_cases:
             raise UsageError(f"profile-heads profiles {model} on prompts only, not on {case.name}")

@@ -34,6 +34,7 @@ import torch
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import ModelEntry
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.hy_worldplay.config import OFFICIAL, SCHEDULE, TINY, TINY_SCHEDULE
 from jbkv_cli.models.hy_worldplay.model import HYWorldPlay, Settings, trajectory_of
@@ -43,7 +44,15 @@ from jbkv_cli.models.wan.self_forcing.image import read_image
 from jbkv_cli.utils.errors import UsageError, shown
 from jbkv_cli.utils.fields import Spec, parse_options
 
-__all__ = ["OPTIONS", "HYWorldPlay", "check_cases", "check_options", "input_paths", "load_model"]
+__all__ = [
+    "ENTRY",
+    "OPTIONS",
+    "HYWorldPlay",
+    "check_cases",
+    "check_options",
+    "input_paths",
+    "load_model",
+]
 
 CONFIGS = ("8B", "tiny-random")
 MAX_FRAMES = 4 * 4 * limits.MAX_CHUNKS - 3
@@ -204,3 +213,11 @@ def _official(settings: Settings, schedule, weights) -> HYWorldPlay:
     vae = load_vae(paths.vae, home, torch.float32)
     encoders = load_encoders(paths, home, settings.device)
     return HYWorldPlay(dit, vae, encoders, settings, schedule)
+
+
+ENTRY = ModelEntry(
+    load_model=load_model,
+    check_options=check_options,
+    input_paths=input_paths,
+    check_cases=check_cases,
+)

@@ -20,6 +20,7 @@ from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.metrics.chunks import causal_vae_chunks
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.hy_worldplay.config import DiTConfig, Schedule
 from jbkv_cli.models.hy_worldplay.dit import WorldPlayDiT
 from jbkv_cli.models.hy_worldplay.encoders import Encoders, image_condition
@@ -66,7 +67,7 @@ def trajectory_of(case: Case, latents: int, pose: str | None) -> tuple[str, Traj
     return spec, load_trajectory(spec, latents)
 
 
-class HYWorldPlay:
+class HYWorldPlay(VideoModelBase):
     """Image + prompt + camera trajectory -> video, the memory in jbkv's caches."""
 
     name = "hy-worldplay"

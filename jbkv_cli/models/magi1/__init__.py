@@ -26,6 +26,7 @@ import torch
 
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
+from jbkv_cli.models.contract import ModelEntry
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.magi1.checkpoint import load_strict, locate, read_state_dict
 from jbkv_cli.models.magi1.config import DEFAULT_VARIANT, TINY_VARIANT, VARIANTS, VAEConfig
@@ -39,7 +40,7 @@ from jbkv_cli.utils.errors import JbkvError, UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
 from jbkv_cli.utils.jsonio import read_json
 
-__all__ = ["OPTIONS", "Magi1VideoModel", "check_options", "input_paths", "load_model"]
+__all__ = ["ENTRY", "OPTIONS", "Magi1VideoModel", "check_options", "input_paths", "load_model"]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=(*VARIANTS, TINY_VARIANT.name)),
@@ -215,3 +216,6 @@ def _official(variant, settings: GenerationSettings, weights, special_tokens) ->
     t5 = load_t5(paths.t5, variant.dit.caption_max_length, "cpu" if off else dev)
     special = SpecialTokens.from_npz(special_tokens or paths.special_tokens)
     return Magi1VideoModel(variant, dit, vae, t5, special, settings)
+
+
+ENTRY = ModelEntry(load_model=load_model, check_options=check_options, input_paths=input_paths)

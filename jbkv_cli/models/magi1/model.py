@@ -1,4 +1,4 @@
-"""``Magi1VideoModel``: MAGI-1 behind jbkv's :class:`~jbkv_cli.models.base.VideoModel` protocol."""
+"""``Magi1VideoModel``: MAGI-1 behind jbkv's :class:`~jbkv_cli.models.contract.VideoModel` protocol."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.kv import cache_attend
@@ -47,7 +48,7 @@ class GenerationSettings:
         )
 
 
-class Magi1VideoModel:
+class Magi1VideoModel(VideoModelBase):
     """MAGI-1 text-to-video with every finished chunk's keys/values in a jbkv cache."""
 
     name = "magi1"

@@ -9,7 +9,7 @@ loop in :mod:`~jbkv_cli.models.tiny.sampler`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,12 +18,16 @@ from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import ModelEntry, VideoModelBase
 from jbkv_cli.models.limits import CHUNKS, DEVICE, MAX_CHUNKS, PATH, STEPS
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
 from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, weights_file
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
+
+if TYPE_CHECKING:
+    from jbkv_cli.prune.profile import FrameMassProbe
 
 FPS = 8.0
 OPTIONS: dict[str, Spec] = {
@@ -36,8 +40,8 @@ OPTIONS: dict[str, Spec] = {
 }
 
 
-class TinyVideoModel:
-    """The tiny model behind the :class:`~jbkv_cli.models.base.VideoModel` protocol."""
+class TinyVideoModel(VideoModelBase):
+    """The tiny model as a :class:`~jbkv_cli.models.contract.PrunableModel`."""
 
     name = "tiny"
     pre_rope = True  # its caches can hold keys before RoPE (``layout=pre-rope``)
@@ -104,7 +108,7 @@ class TinyVideoModel:
         cache policy to fill in)."""
         return kv.for_model(self.name, self.chunk_tokens)
 
-    def profile_heads(self, prompt: str, seed: int, probe) -> None:
+    def profile_heads(self, prompt: str, seed: int, probe: FrameMassProbe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a
         :class:`~jbkv_cli.prune.profile.FrameMassProbe`) measures every cache read."""
         parsed = parse_prompt(prompt)
@@ -146,4 +150,11 @@ def load_model(**options: Any) -> TinyVideoModel:
     return TinyVideoModel(**check_options(**options))
 
 
-__all__ = ["TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]
+ENTRY = ModelEntry(
+    load_model=load_model,
+    check_options=check_options,
+    input_paths=input_paths,
+    check_prompt=check_prompt,
+)
+
+__all__ = ["ENTRY", "TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]

@@ -191,49 +191,23 @@ USAGE_ERRORS = [
 ]
 
 
-def test_every_registered_adapter_can_be_pruned_and_profiled():
-    import importlib
-
-    from jbkv_cli.models.registry import MODELS
-
-    classes = {
-        "tiny": "jbkv_cli.models.tiny:TinyVideoModel",
-        "magi1": "jbkv_cli.models.magi1.model:Magi1VideoModel",
-        "skyreels-v2": "jbkv_cli.models.wan.skyreels_v2.model:SkyReelsV2",
-        "self-forcing": "jbkv_cli.models.wan.self_forcing.model:SelfForcing",
-        # profiled; pruning it is a usage error (tests/models/wan/self_forcing/test_rolling_forcing)
-        "rolling-forcing": "jbkv_cli.models.wan.rolling_forcing.model:RollingForcing",
-        "matrix-game-2": "jbkv_cli.models.wan.matrix_game.model:MatrixGame2",
-    }
-    # HY-WorldPlay re-selects its memory every chunk (no frame history for Forcing-KV to keep):
-    # it has no head layout, so pruning and profiling it are the usage error tested below
-    unprunable = {"hy-worldplay": "jbkv_cli.models.hy_worldplay.model:HYWorldPlay"}
-    assert set(classes) | set(unprunable) == set(MODELS)
-    for where in unprunable.values():
-        module, cls = where.split(":")
-        assert not hasattr(getattr(importlib.import_module(module), cls), "head_layout")
-    for where in classes.values():
-        module, cls = where.split(":")
-        adapter = getattr(importlib.import_module(module), cls)
-        for method in ("generate", "head_layout", "profile_heads"):
-            assert callable(getattr(adapter, method, None)), (cls, method)
-
-
 def test_an_adapter_without_a_head_layout_is_refused_in_one_line(tmp_path, monkeypatch):
     """A model registered without ``head_layout()``: pruning and profiling are usage errors."""
     import types
+    from dataclasses import replace
 
     from jbkv_cli.models import registry
-    from jbkv_cli.models.tiny import load_model as load_tiny
+    from jbkv_cli.models.contract import VideoModelBase
+    from jbkv_cli.models.tiny import ENTRY, load_model
 
-    class Plain:
+    class Plain(VideoModelBase):
         def __init__(self, model):
             self.name, self.settings, self.generate = "plain", model.settings, model.generate
 
     module = types.ModuleType("jbkv_test_plain_model")
-    module.load_model = lambda **options: Plain(load_tiny(**options))
+    module.ENTRY = replace(ENTRY, load_model=lambda **options: Plain(load_model(**options)))
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry.MODELS, "plain", f"{module.__name__}:load_model")
+    monkeypatch.setitem(registry.MODELS, "plain", module.__name__)
     monkeypatch.chdir(tmp_path)
     base = ["-m", "plain", "--prompt", PROMPT, "--seeds", "0"]
     for args in (

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.base import Video, VideoModel
+from jbkv_cli.models.base import Video
+from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.magi1 import load_model
 from jbkv_cli.models.magi1.config import TINY_DIT, TINY_SCHEDULE
 from jbkv_cli.models.magi1.dit import plain_attend

@@ -9,7 +9,7 @@ import torch
 from jbkv_cli.attention import AttentionRecorder
 from jbkv_cli.cli.options import read_prompts
 from jbkv_cli.kvcache.spec import KVSpec
-from jbkv_cli.models.base import VideoModel
+from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.registry import load_model as registry_load
 from jbkv_cli.models.tiny import load_model
 from jbkv_cli.models.tiny.check import check_video

@@ -37,6 +37,7 @@ import torch
 from jbkv_cli.models import limits
 from jbkv_cli.models.base import located
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import ModelEntry
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.precision import PRECISION, UPSTREAM
 from jbkv_cli.models.wan.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
@@ -44,7 +45,15 @@ from jbkv_cli.models.wan.matrix_game.model import MatrixGame2, Settings, check_c
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
 
-__all__ = ["OPTIONS", "MatrixGame2", "check_cases", "check_options", "input_paths", "load_model"]
+__all__ = [
+    "ENTRY",
+    "OPTIONS",
+    "MatrixGame2",
+    "check_cases",
+    "check_options",
+    "input_paths",
+    "load_model",
+]
 
 OPTIONS: dict[str, Spec] = {
     "config": Spec("str", choices=tuple(PRESETS)),
@@ -164,3 +173,11 @@ def load_model(**options: Any) -> MatrixGame2:
         vae = loaders.load_vae(paths.vae).to(dt)
     dit = dit.to(settings.device, dt)
     return MatrixGame2(dit, vae.to(settings.device), encoder.to(settings.device), preset, settings)
+
+
+ENTRY = ModelEntry(
+    load_model=load_model,
+    check_options=check_options,
+    input_paths=input_paths,
+    check_cases=check_cases,
+)

@@ -55,6 +55,7 @@ from jbkv_cli.kvcache import FULL_PRECISION, ChunkKVCache, KVSpec, layer_caches
 from jbkv_cli.kvcache.layers import HeadLayout
 from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.precision import UPSTREAM, Precision
 from jbkv_cli.models.seeding import noise_generator
@@ -138,7 +139,7 @@ def crop_resize(path: str, case: str, height: int, width: int) -> torch.Tensor:
     return (pix.permute(2, 0, 1).float() / 127.5 - 1.0)[None]
 
 
-class MatrixGame2:
+class MatrixGame2(VideoModelBase):
     """A loaded Matrix-Game-2.0; ``generate`` runs the chunk loop (module docstring)."""
 
     name = "matrix-game-2"

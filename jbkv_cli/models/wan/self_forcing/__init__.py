@@ -2,6 +2,7 @@
 Causal-Forcing / Causal-Forcing++ chunk- and frame-wise, image-to-video) via diffusers, with
 jbkv's chunk KV cache."""
 
+from jbkv_cli.models.contract import ModelEntry
 from jbkv_cli.models.wan.self_forcing.model import (
     SelfForcing,
     check_cases,
@@ -10,4 +11,11 @@ from jbkv_cli.models.wan.self_forcing.model import (
     load_model,
 )
 
-__all__ = ["SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]
+ENTRY = ModelEntry(
+    load_model=load_model,
+    check_options=check_options,
+    input_paths=input_paths,
+    check_cases=check_cases,
+)
+
+__all__ = ["ENTRY", "SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

@@ -76,6 +76,7 @@ from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.precision import PRECISION, UPSTREAM, Precision
 from jbkv_cli.models.seeding import noise_generator
@@ -241,7 +242,7 @@ OPTIONS: dict[str, Spec] = {
 assert set(_SELF_FORCING) <= set(OPTIONS)
 
 
-class SelfForcing(WanHeads):
+class SelfForcing(WanHeads, VideoModelBase):
     """A loaded Self-Forcing-family model; ``generate`` runs the chunk loop above."""
 
     name = "self-forcing"

@@ -38,6 +38,7 @@ from jbkv_cli.attention.diagnostics import AttentionObserver
 from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
+from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.seeding import noise_generator
 from jbkv_cli.models.wan.diffusers_wan import (
@@ -133,7 +134,7 @@ OPTIONS: dict[str, Spec] = {
 assert set(PRESETS["df-1.3b-540p"]) <= set(OPTIONS)
 
 
-class SkyReelsV2(WanHeads):
+class SkyReelsV2(WanHeads, VideoModelBase):
     """A loaded SkyReels-V2 DF model; ``generate`` runs the chunk loop above."""
 
     name = "skyreels-v2"

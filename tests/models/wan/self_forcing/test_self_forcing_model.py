@@ -17,7 +17,8 @@ pytest.importorskip("diffusers")
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models import registry
-from jbkv_cli.models.base import Video, VideoModel
+from jbkv_cli.models.base import Video
+from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.seeding import noise_generator
 from jbkv_cli.models.wan.diffusers_cache import ChunkContext, cached_self_attention, shifted_rotary
 from jbkv_cli.models.wan.diffusers_wan import TINY_TEXT_DIM

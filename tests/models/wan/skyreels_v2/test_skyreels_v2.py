@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models import registry
-from jbkv_cli.models.base import Video, VideoModel
+from jbkv_cli.models.base import Video
+from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.wan.skyreels_v2 import components as comp
 from jbkv_cli.models.wan.skyreels_v2 import model as sky
 from jbkv_cli.models.wan.skyreels_v2.attention import (
