@@ -419,7 +419,7 @@ def test_signals_are_ignored_after_the_last_exit_handler():
     ignored; before the outcome is decided nothing changes."""
     code = (
         "import atexit, signal, sys\n"
-        "from jbkv_cli import lifecycle\n"
+        "from jbkv_cli.utils import lifecycle\n"
         "lifecycle.install()\n"
         "if sys.argv[1] == 'exit': lifecycle.finished(143)\n"
         "atexit._run_exitfuncs()\n"

@@ -123,7 +123,7 @@ def test_a_pause_point_waits_for_a_signal_then_goes_on(tmp_path):
     the process writes the file and waits; a start-up-mode signal ends the wait."""
     code = (
         "import os, signal, sys\n"
-        "from jbkv_cli import lifecycle, atomic\n"
+        "from jbkv_cli.utils import lifecycle, atomic\n"
         "lifecycle.install()\n"
         "with atomic.atomic_path(sys.argv[1]) as tmp:\n"
         "    tmp.write_text('x')\n"
