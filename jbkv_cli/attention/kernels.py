@@ -45,7 +45,8 @@ HALF = (torch.float16, torch.bfloat16)
 def fused_kernel_fits(dtype: torch.dtype, width: int, gqa: bool, masked: bool) -> bool:
     """Whether SDPA on CUDA (sm80+) has a fused kernel for ``q'``/``k'``/``v'`` of head dim
     ``width`` (the documented constraints, module docstring): FlashAttention without a mask,
-    or the memory-efficient kernel."""
+    or the memory-efficient kernel (``gqa``: both take grouped heads, so it changes nothing
+    here; torch's probe sees it)."""
     flash = not masked and dtype in HALF and width <= FLASH_MAX_HEAD_DIM
     alignment = 8 if dtype in HALF else 4
     efficient = dtype in (*HALF, torch.float32) and width % alignment == 0
@@ -57,7 +58,8 @@ def probe_fused_kernel(
     device: str, dtype: torch.dtype, width: int, q_heads: int, kv_heads: int, masked: bool
 ) -> bool | None:
     """torch's own answer on a CUDA ``device`` (``can_use_*_attention`` on ``[1, H, 8, width]``
-    tensors and, if ``masked``, a float mask); None where this torch cannot be asked."""
+    tensors and, if ``masked``, a float mask); None where this torch cannot be asked. Asked once
+    per configuration and process (a kernel disabled later is not seen)."""
     cuda = torch.backends.cuda
     names = ("can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention")
     checks = [getattr(cuda, name) for name in names if hasattr(cuda, name)]
