@@ -2,9 +2,10 @@
 
 Ratios are measured side by side in one process (best of N), because these machines are noisy.
 Also: the ``signed`` correction in the same fused form (on RTN keys, where it is taylor's
-channels, and on TurboQuant-MSE keys, which it also unshrinks), the padding floor (plain SDPA
-with the head dim padded by the ``G`` channels the fused form adds), quantize throughput (GB/s
-of BF16 input) and measured cache bytes vs a BF16 cache.
+channels, and on TurboQuant-MSE keys, which it also unshrinks), the fused form with its channels
+zero-padded to a multiple of 8 (the default) vs unpadded vs plain SDPA on the same keys (the
+three timed round-robin), the padding floor (plain SDPA with the head dim padded to the fused
+form's width), quantize throughput (GB/s of BF16 input) and measured cache bytes vs a BF16 cache.
 
     python benchmarks/attention.py [--repeats 5] [--quick]
 """
@@ -12,6 +13,7 @@ of BF16 input) and measured cache bytes vs a BF16 cache.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from rich.table import Table
 
 from jbkv_cli.attention import CachedKV, attend
 from jbkv_cli.attention.attend import sdpa
+from jbkv_cli.attention.correction import fused_width
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import quantize_kv
 
@@ -35,6 +38,19 @@ def best_of(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def best_of_each(fns: dict, repeats: int) -> dict[str, float]:
+    """Best time of each function, timed round-robin so drift hits all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(ts) for name, ts in times.items()}
 
 
 def compiled_flex(q, k, v, cached: CachedKV, scale: float):
@@ -90,7 +106,20 @@ def run(d: int, heads: int, lq: int, lc: int, repeats: int, group: int = 32) -> 
     tq_taylor = best_of(lambda: attend(q, k, v, tq, scale=scale, correction="taylor"), repeats)
     row["tq_signed_ratio"], row["tq_taylor_ratio"] = tq_signed / tq_base, tq_taylor / tq_base
     groups = cached.k_step.shape[-1]
-    padded = [F.pad(t, (0, groups)) for t in (q, kk, vv)]
+    fused = importlib.import_module("jbkv_cli.attention.attend")._fused
+    pad_t = best_of_each(
+        {
+            "padded": lambda: fused(q, k, v, cached, scale, -1.0, "taylor", multiple=8),
+            "unpadded": lambda: fused(q, k, v, cached, scale, -1.0, "taylor", multiple=1),
+            "sdpa": lambda: sdpa(q, kk, vv, scale),
+        },
+        repeats,
+    )
+    row["width_padded"], row["width_unpadded"] = fused_width(d, groups), d + groups
+    row["padded_over_unpadded"] = pad_t["padded"] / pad_t["unpadded"]
+    row["padded_over_sdpa"] = pad_t["padded"] / pad_t["sdpa"]
+    row["unpadded_over_sdpa"] = pad_t["unpadded"] / pad_t["sdpa"]
+    padded = [F.pad(x, (0, fused_width(d, groups) - d)) for x in (q, kk, vv)]
     row["padded_floor_ratio"] = best_of(lambda: sdpa(*padded, scale), repeats) / best_of(
         lambda: sdpa(q, kk, vv, scale), repeats
     )
@@ -154,7 +183,20 @@ def main() -> None:
             f"{r['quantize_gb_s']:.2f}",
             f"{r['cache_ratio']:.4f}",
         )
-    Console(width=190).print(table)
+    console = Console(width=190)
+    console.print(table)
+    pads = Table(title="Fused taylor form, channels zero-padded to a multiple of 8 (round-robin)")
+    for col in ("d", "width", "padded / unpadded", "padded / SDPA", "unpadded / SDPA"):
+        pads.add_column(col, justify="right")
+    for r in rows:
+        pads.add_row(
+            str(r["d"]),
+            f"{r['width_unpadded']} -> {r['width_padded']}",
+            fmt(r["padded_over_unpadded"]),
+            fmt(r["padded_over_sdpa"]),
+            fmt(r["unpadded_over_sdpa"]),
+        )
+    console.print(pads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

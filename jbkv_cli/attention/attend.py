@@ -2,12 +2,17 @@
 
 One entry point, :func:`attend`, and three backends behind a registry by name:
 
-- ``fused`` (default): the augmented-channel form of the Taylor correction
-  (:func:`~jbkv_cli.attention.correction.augment_taylor`) through SDPA; no ``[Lq, Lk]`` tensor.
-  The signed correction is the same bilinear form with other channel values
+- ``fused``: the augmented-channel form of the Taylor correction
+  (:func:`~jbkv_cli.attention.correction.augment_taylor`, zero-padded to a head dim that is a
+  multiple of 8) through SDPA; no ``[Lq, Lk]`` tensor. The signed correction is the same
+  bilinear form with other channel values
   (:func:`~jbkv_cli.attention.correction.bilinear_channels`), so it runs the same way.
-- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor (or signed) bias.
+- ``flex``: FlexAttention with a ``score_mod`` subtracting the Taylor (or signed) bias
+  (compiled on CUDA: :func:`~jbkv_cli.attention.kernels.flex_kernel`).
 - ``reference``: a dense float mask ``[B, Hq, Lq, Lk]`` through SDPA (tests and tiny shapes).
+
+With none named, :func:`~jbkv_cli.attention.kernels.choose_backend` picks ``fused`` or ``flex``
+for the call's device, dtype and widths.
 
 The exact correction (and the bias-only ablation, which *adds* the exact bias) is not a bilinear
 form, so every backend computes it with a float mask built one query block at a time
@@ -45,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from jbkv_cli.attention.correction import (
+    CHANNEL_MULTIPLE,
     NO_NOISE_VAR,
     Correction,
     augment_keys,
@@ -55,6 +61,7 @@ from jbkv_cli.attention.correction import (
     group_sq_norms,
     jensen_bias,
 )
+from jbkv_cli.attention.kernels import choose_backend, flex_kernel
 from jbkv_cli.attention.memory import active_meter, shape_of
 from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
@@ -240,21 +247,42 @@ def concat_kv(cached: CachedKV, k_cur: torch.Tensor, v_cur: torch.Tensor):
 
 
 def _fused(
-    q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form="taylor", causal=False
+    q,
+    k_cur,
+    v_cur,
+    cached: CachedKV,
+    scale: float,
+    sign: float,
+    form="taylor",
+    causal=False,
+    multiple: int = CHANNEL_MULTIPLE,
 ) -> torch.Tensor:
+    """The fused backend: ``q'``/``k'``/``v'`` with the correction's channels, zero-padded to
+    a head dim that is a multiple of ``multiple`` (1: none), through SDPA at the original
+    ``scale``; the output is sliced back to ``D``."""
     channels = None
     if form != "taylor":
         channels = bilinear_channels(form, cached.k_step, cached.k_step2, scale, sign)
     if causal:
         ka, va = augment_keys(
-            cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign, channels
+            cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, sign, channels, multiple
         )
         groups, rotation = cached.k_step.shape[-1], cached.rotation
         dropped = key_mask(cached, q, ka.shape[-2])
-        augment = lambda qb: augment_queries(qb, groups, rotation)  # noqa: E731
+        augment = lambda qb: augment_queries(qb, groups, rotation, multiple)  # noqa: E731
         return causal_sdpa(q, ka, va, cached.num_tokens, scale, dropped, augment)
     qa, ka, va = build_augmented(
-        q, cached.k, cached.v, k_cur, v_cur, cached.k_step, scale, cached.rotation, sign, channels
+        q,
+        cached.k,
+        cached.v,
+        k_cur,
+        v_cur,
+        cached.k_step,
+        scale,
+        cached.rotation,
+        sign,
+        channels,
+        multiple,
     )
     return sdpa(qa, ka, va, scale, key_mask(cached, q, ka.shape[-2]))[..., : q.shape[-1]]
 
@@ -262,8 +290,6 @@ def _fused(
 def _flex(
     q, k_cur, v_cur, cached: CachedKV, scale: float, sign: float, form="taylor", causal=False
 ) -> torch.Tensor:
-    from torch.nn.attention.flex_attention import flex_attention
-
     k, v = concat_kv(cached, k_cur, v_cur)
     groups = cached.k_step.shape[-1]
     rep = q.shape[-3] // k.shape[-3]
@@ -277,16 +303,19 @@ def _flex(
         drop = held_log(cached, q.device)
 
     def score_mod(score, b, h, q_idx, kv_idx):
-        kv = torch.clamp(kv_idx, max=lc - 1)
-        bias = (qn2[b, h, q_idx] * d2[b, h // rep, kv]).sum()
-        score = score + torch.where(kv_idx < lc, coef * bias + drop[b, h // rep, kv], 0.0)
+        kv, hk = torch.clamp(kv_idx, max=lc - 1), h // rep
+        bias = qn2[b, h, q_idx, 0] * d2[b, hk, kv, 0]
+        for j in range(1, groups):  # scalar reads: what a compiled kernel takes
+            bias = bias + qn2[b, h, q_idx, j] * d2[b, hk, kv, j]
+        score = score + torch.where(kv_idx < lc, coef * bias + drop[b, hk, kv], 0.0)
         if causal:
             score = torch.where(kv_idx - lc > q_idx, -torch.inf, score)
         return score
 
+    flex = flex_kernel(q.device.type)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = flex_attention(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=rep > 1)
+        out = flex(q, k, v, score_mod=score_mod, scale=scale, enable_gqa=rep > 1)
     return out
 
 
@@ -302,7 +331,9 @@ BACKENDS: dict[str, Callable[..., torch.Tensor]] = {
     "flex": _flex,
     "reference": _reference,
 }
-_BACKEND = contextvars.ContextVar("jbkv_attention_backend", default="fused")
+_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "jbkv_attention_backend", default=None
+)  # None: choose_backend per call
 
 
 @contextlib.contextmanager
@@ -315,6 +346,20 @@ def attention_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _BACKEND.reset(token)
+
+
+def _choose(q: torch.Tensor, cached: CachedKV) -> str:
+    """:func:`~jbkv_cli.attention.kernels.choose_backend` for this call (a pruner's view counts
+    as masked, whether or not it dropped a token here)."""
+    return choose_backend(
+        q.device,
+        q.dtype,
+        q.shape[-1],
+        cached.k_step.shape[-1],
+        q_heads=q.shape[-3],
+        kv_heads=cached.k.shape[-3],
+        masked=cached.valid is not None,
+    )
 
 
 def _check_shapes(q, k_cur, v_cur, cached: CachedKV | None, causal: bool = False) -> None:
@@ -370,8 +415,10 @@ def attend(
     ``bias-only``, which adds it) on cached keys whose step Δ is known, 0 on current keys. Keys
     are concatenated cached-first. ``signed`` reads ``cached.k_step2`` (``ValueError`` without it)
     and ``cached.k_unshrink``. ``causal``: query ``i`` sees the current keys ``0..i`` only (needs
-    ``Lq`` equal to the current keys; see the module docstring). All steps zero (Δ = 0, nothing
-    quantized) is exactly the uncorrected path: the bias is zero.
+    ``Lq`` equal to the current keys; see the module docstring). ``backend`` (for the bilinear
+    corrections): a name in :data:`BACKENDS`; None: the enclosing :func:`attention_backend`'s,
+    else :func:`~jbkv_cli.attention.kernels.choose_backend`'s for the call. All steps zero
+    (Δ = 0, nothing quantized) is exactly the uncorrected path: the bias is zero.
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
@@ -401,7 +448,7 @@ def attend(
             meter.add(shape_of(q, k_cur, cached, exact) if exact else shape, "masked", corr.form)
         kv = concat_kv(cached, k_cur, v_cur)
         return masked(q, *kv, cached, scale, corr.form, corr.sign, causal=causal)
-    name = backend or _BACKEND.get()
+    name = backend or _BACKEND.get() or _choose(q, cached)
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}")
     if meter is not None:

@@ -379,6 +379,26 @@ def jensen_bias(
     return torch.zeros(shape, dtype=torch.float32, device=q.device)
 
 
+CHANNEL_MULTIPLE = 8  # fused head dims are padded to this: SDPA's fast CUDA kernels need it
+
+
+def fused_width(head_dim: int, groups: int, multiple: int = CHANNEL_MULTIPLE) -> int:
+    """The head dim of the fused form: ``W = ⌈(D + G) / m⌉ · m``, the ``D`` channels, the ``G``
+    correction channels and zeros up to a multiple of ``m`` (``m = 1``: no zeros).
+
+    The zeros change no score (``q'·k'`` gains ``0 · 0``) and no output (``v'`` is zero there,
+    and the output is sliced back to ``D``); the SDPA scale is passed explicitly, so it stays
+    the original ``τ`` rather than ``1/√W``. Why 8: FlashAttention needs ``q``, ``k`` and ``v``
+    of one head dim and SDPA copies each to a multiple of 8 when it is not; the
+    memory-efficient kernel (the one that takes a mask) needs the ``q``/``k`` and the ``v``
+    head dims each a multiple of 8 in 16-bit (4 in float32) and otherwise falls back to the
+    math kernel, which materializes every score; cuDNN's needs multiples of 8 too.
+    """
+    if head_dim < 1 or groups < 0 or multiple < 1:
+        raise ValueError(f"head_dim {head_dim}, groups {groups}, multiple {multiple}")
+    return -(-(head_dim + groups) // multiple) * multiple
+
+
 def augment_taylor(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -387,17 +407,19 @@ def augment_taylor(
     scale: float,
     rotation: RandomHadamard | None = None,
     sign: float = -1.0,
+    multiple: int = CHANNEL_MULTIPLE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The augmented-channel form of the Taylor correction (no ``[Lq, Lk]`` tensor)::
 
-        q' = [q, ‖q_1‖², …, ‖q_G‖²]
-        k' = [k̂, −Δ_i1²·τ/24, …, −Δ_iG²·τ/24]   (zeros for the trailing unquantized keys)
+        q' = [q, ‖q_1‖², …, ‖q_G‖², 0, …]
+        k' = [k̂, −Δ_i1²·τ/24, …, −Δ_iG²·τ/24, 0, …]   (zeros for the trailing unquantized keys)
         v' = [v, 0, …, 0]
         τ q'·k' = τ q·k̂ − (τ²/24) Σ_j Δ_ij² ‖q_j‖²
 
     ``k``/``v`` are ``[..., Hkv, Lc + Lcur, D]`` with the ``Lc = step.shape[-2]`` cached keys
     first. ``sign=+1`` adds the bias instead (the bias-only ablation). Returns ``(q', k', v')``
-    with head dim ``D + G``; slice the attention output back to ``D``.
+    with head dim :func:`fused_width` ``(D, G, multiple)``; attend with ``scale=τ`` and slice
+    the output back to ``D``.
     """
     lc = step.shape[-2]
     return build_augmented(
@@ -410,6 +432,7 @@ def augment_taylor(
         scale,
         rotation,
         sign,
+        multiple=multiple,
     )
 
 
@@ -424,21 +447,34 @@ def build_augmented(
     rotation: RandomHadamard | None = None,
     sign: float = -1.0,
     channels: torch.Tensor | None = None,
+    multiple: int = CHANNEL_MULTIPLE,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`augment_taylor` from the cached and current parts, one allocation per tensor
-    (the ``[cached | current]`` concatenation and the extra channels are written together).
-    ``channels`` ``[..., Lc, G]``: the extra key channels of another bilinear correction
-    (:func:`bilinear_channels`; default: taylor's from ``step`` and ``sign``)."""
-    k_aug, v_aug = augment_keys(k_cached, v_cached, k_cur, v_cur, step, scale, sign, channels)
-    return augment_queries(q, step.shape[-1], rotation), k_aug, v_aug
+    (the ``[cached | current]`` concatenation, the extra channels and the padding are written
+    together). ``channels`` ``[..., Lc, G]``: the extra key channels of another bilinear
+    correction (:func:`bilinear_channels`; default: taylor's from ``step`` and ``sign``)."""
+    k_aug, v_aug = augment_keys(
+        k_cached, v_cached, k_cur, v_cur, step, scale, sign, channels, multiple
+    )
+    return augment_queries(q, step.shape[-1], rotation, multiple), k_aug, v_aug
 
 
 def augment_queries(
-    q: torch.Tensor, groups: int, rotation: RandomHadamard | None = None
+    q: torch.Tensor,
+    groups: int,
+    rotation: RandomHadamard | None = None,
+    multiple: int = CHANNEL_MULTIPLE,
 ) -> torch.Tensor:
-    """``q' = [q, ‖q_1‖², …, ‖q_G‖²]`` (the query side of :func:`augment_taylor`); a caller
-    that attends in query blocks augments one block at a time."""
-    return torch.cat([q, group_sq_norms(q, groups, rotation).to(q.dtype)], dim=-1)
+    """``q' = [q, ‖q_1‖², …, ‖q_G‖², 0, …]`` (the query side of :func:`augment_taylor`, head
+    dim :func:`fused_width`); a caller that attends in query blocks augments one block at a
+    time."""
+    d = q.shape[-1]
+    norms = group_sq_norms(q, groups, rotation)  # before q' exists: its float32 copy of q is freed
+    q_aug = q.new_empty((*q.shape[:-1], fused_width(d, groups, multiple)))
+    q_aug[..., :d] = q
+    q_aug[..., d : d + groups] = norms
+    q_aug[..., d + groups :] = 0
+    return q_aug
 
 
 def augment_keys(
@@ -450,18 +486,23 @@ def augment_keys(
     scale: float,
     sign: float = -1.0,
     channels: torch.Tensor | None = None,
+    multiple: int = CHANNEL_MULTIPLE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``k'``, ``v'`` of :func:`augment_taylor`: ``[cached | current]`` with ``G`` extra
-    channels (taylor's, or ``channels``), each written once."""
+    channels (taylor's, or ``channels``) and zeros up to :func:`fused_width`, each written
+    once. ``v'`` is as wide as ``k'``: FlashAttention takes one head dim for ``q``, ``k`` and
+    ``v`` (the memory-efficient and cuDNN kernels would take a narrower ``v``)."""
     groups, lc, d = step.shape[-1], step.shape[-2], k_cur.shape[-1]
-    shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], d + groups)
+    width = fused_width(d, groups, multiple)
+    shape = (*k_cur.shape[:-2], lc + k_cur.shape[-2], width)
     k_aug = k_cur.new_empty(shape)
     k_aug[..., :lc, :d] = k_cached
     k_aug[..., lc:, :d] = k_cur
     if channels is None:
-        k_aug[..., :lc, d:] = (sign * scale / 24.0) * step.float().square()
+        k_aug[..., :lc, d : d + groups] = (sign * scale / 24.0) * step.float().square()
     else:
-        k_aug[..., :lc, d:] = channels
+        k_aug[..., :lc, d : d + groups] = channels
+    k_aug[..., :lc, d + groups :] = 0
     k_aug[..., lc:, d:] = 0
     v_aug = v_cur.new_empty(shape)
     v_aug[..., :lc, :d] = v_cached

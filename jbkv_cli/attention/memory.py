@@ -15,12 +15,14 @@ reports to an active :class:`WorkingMeter`), the bytes that are live at the read
 
   - ``plain`` (no correction): the ``[cached | current]`` keys and values, SDPA's output and
     log-sum-exp;
-  - ``fused``: the augmented keys and values ``[B, Hkv, Lk, D + G]``, the augmented queries and
-    output ``[B, Hq, Lq, D + G]``, the log-sum-exp (signed: the un-shrunk keys and the extra
-    channels);
+  - ``fused``: the augmented keys and values ``[B, Hkv, Lk, W]``, the augmented queries and
+    output ``[B, Hq, Lq, W]`` with ``W`` the padded width
+    (:func:`~jbkv_cli.attention.correction.fused_width`: ``D + G`` up to a multiple of 8), the
+    log-sum-exp (signed: the un-shrunk keys and the extra channels);
   - ``flex``: the concatenated keys and values, ``‖q_j‖²``, the step² table, the pruning row and
-    the kernel's output, log-sum-exp and row maxima — the fused kernel's view (on CUDA); the CPU
-    eager fallback also materializes the scores inside the higher-order op, which is not counted;
+    the kernel's output, log-sum-exp and row maxima — the compiled kernel's view (on CUDA); the
+    CPU eager fallback also materializes the scores inside the higher-order op, which is not
+    counted;
   - ``reference`` / ``masked`` (exact correction, bias-only ablation, RoPE pair terms): the
     concatenated keys and values, per query block the bias ``[B, Hq, b, Lc]`` (float32), the
     float mask ``[B, Hq, b, Lk]``, the GQA-expanded keys and values ``[B, Hq, Lk, D]``, every
@@ -58,6 +60,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from jbkv_cli.attention.correction import fused_width
 
 PATHS = ("plain", "fused", "flex", "reference", "masked")
 MASKED_BLOCK = 256  # query rows per block of the masked path (attend.masked's default)
@@ -126,7 +130,8 @@ def attend_nbytes(s: ReadShape, path: str, form: str | None = None) -> int:
     if path == "plain":
         return concat + out + lse + mask
     if path == "fused":
-        aug = 2 * kv_rows * s.keys * (d + g) * e + 2 * q_rows * s.queries * (d + g) * e
+        w = fused_width(d, g)
+        aug = 2 * kv_rows * s.keys * w * e + 2 * q_rows * s.queries * w * e
         channels = kv_rows * s.cached * g * 4 if form == "variance" else 0
         return aug + lse + mask + unshrunk + channels
     if path == "flex":
@@ -203,15 +208,18 @@ def read_bytes(s: ReadShape, path: str, form: str | None = None, observed: int =
 class WorkingMeter:
     """The largest reads of a generation (:func:`metering`): ``peak`` by :attr:`ReadBytes.read`
     (the variant's own working bytes), ``peak_total`` by :attr:`ReadBytes.total` (with the
-    diagnostics' share), and how many reads were accounted."""
+    diagnostics' share), how many reads were accounted and, in ``paths``, how many took each
+    path (:data:`PATHS`: the backend a corrected read ran on, or ``plain`` / ``masked``)."""
 
     peak: ReadBytes | None = None
     peak_total: ReadBytes | None = None
     reads: int = 0
+    paths: dict[str, int] = field(default_factory=dict)
     _last: tuple[ReadShape, str, str | None] | None = field(default=None, repr=False)
 
     def add(self, s: ReadShape, path: str, form: str | None) -> None:
         self.reads += 1
+        self.paths[path] = self.paths.get(path, 0) + 1
         self._last = (s, path, form)
         self._keep(read_bytes(s, path, form))
 
@@ -227,10 +235,11 @@ class WorkingMeter:
         if self.peak_total is None or r.total > self.peak_total.total:
             self.peak_total = r
 
-    def to_dict(self) -> dict[str, int | str] | None:
+    def to_dict(self) -> dict[str, int | str | dict[str, int]] | None:
         """What a video record keeps (None when no read was accounted): ``read`` (the largest
-        read of the variant itself, with its ``view``/``attend`` split and ``path``) and
-        ``with_diagnostics`` (the largest read with the diagnostics' copies)."""
+        read of the variant itself, with its ``view``/``attend`` split and ``path``),
+        ``with_diagnostics`` (the largest read with the diagnostics' copies) and ``paths``
+        (reads per path)."""
         p, t = self.peak, self.peak_total
         if p is None or t is None:
             return None
@@ -242,6 +251,7 @@ class WorkingMeter:
             "with_diagnostics": t.total,
             "diagnostics": t.total - t.read,
             "reads": self.reads,
+            "paths": dict(self.paths),
         }
 
 

@@ -184,6 +184,12 @@ def _memory_problem(data: dict[str, Any]) -> str | None:
         for key in _WORKING_INTS:
             if key in working and not _integer(working[key], 0, MAX_INT):
                 return _bad(f"working_bytes.{key}", "a byte count", working[key])
+        paths = working.get("paths", {})  # reads per attention path (older records: absent)
+        if not (
+            isinstance(paths, dict)
+            and all(type(k) is str and _integer(n, 0, MAX_INT) for k, n in paths.items())
+        ):
+            return _bad("working_bytes.paths", "an object of read counts by path", paths)
     cuda = data.get("cuda_memory")
     if cuda is not None:
         if not isinstance(cuda, dict):

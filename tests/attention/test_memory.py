@@ -5,6 +5,7 @@ finalizer on the storage, when it is freed, so it sees the bytes alive at the ca
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -173,3 +174,28 @@ def test_cuda_peak_resets_per_block_and_states_what_was_resident(monkeypatch):
     with cuda_peak() as peak:
         assert calls == ["sync", "reset"] and peak == {}
     assert peak == {"peak_bytes": 700, "resident_bytes": 100} and calls[-1] == "sync"
+
+
+def test_fused_accounting_counts_the_padded_width():
+    """The fused tensors are ``fused_width(D, G)`` wide: D = 64 with G = 2 or G = 8 both build
+    72-wide ``q'``/``k'``/``v'``/output, so their accounting agrees; written out for G = 2."""
+    s = ReadShape(1, 4, 2, 256, 1024, 256, 64, groups=2, compute_bytes=2)
+    width = 72
+    expected = 2 * 2 * 1280 * width * 2 + 2 * 4 * 256 * width * 2 + 4 * 256 * 4  # + lse
+    assert attend_nbytes(s, "fused", "taylor") == expected
+    assert attend_nbytes(replace(s, groups=8), "fused", "taylor") == expected
+
+
+def test_meter_counts_reads_per_path():
+    """What a video record keeps of the backend each read took (``working_bytes.paths``)."""
+    q, kc, vc, view = _view(True, torch.float32)
+    with metering() as meter:
+        for backend, correction in [
+            ("fused", "taylor"),
+            ("fused", "none"),
+            ("reference", "taylor"),
+        ]:
+            attend(q, kc, vc, view, scale=0.2, correction=correction, backend=backend)
+        attend(q, kc, vc, view, scale=0.2, correction="taylor", backend="fused")
+    assert meter.to_dict()["paths"] == {"fused": 2, "plain": 1, "reference": 1}
+    assert meter.reads == 4

@@ -36,6 +36,19 @@ def test_rows_carry_stored_working_and_peak_bytes(result):
     assert taylor.kv_working_bytes > plain.kv_working_bytes  # the augmented channels
 
 
+def test_records_count_reads_per_attention_path(result):
+    """Each record says which path its reads took: on this CPU the rule's ``fused`` for every
+    corrected read over quantized keys, ``plain`` for the rest."""
+    run, rows, _ = result
+    for r in rows:
+        for record in run.records(r.variant):
+            working = record["working_bytes"]
+            paths = working["paths"]
+            assert sum(paths.values()) == working["reads"] > 0
+            assert set(paths) <= {"plain", "fused"}
+            assert (paths.get("fused", 0) > 0) == (r.correction == "taylor"), (r.variant, paths)
+
+
 def test_bias_share_per_variant_layer_and_head(result):
     _, rows, data = result
     for r in rows:
@@ -99,6 +112,8 @@ def test_gate_compares_working_bytes_relative(result):
     "field,value,named",
     [
         ("working_bytes", {"read": -1}, "working_bytes.read"),
+        ("working_bytes", {"read": 1, "paths": {"fused": -2}}, "working_bytes.paths"),
+        ("working_bytes", {"read": 1, "paths": ["fused"]}, "working_bytes.paths"),
         ("cuda_memory", {"peak_bytes": 1.5}, "cuda_memory.peak_bytes"),
         ("attention_error", {"layers": [[0, 1.0, 1.0, 4, [1.0], [], 0.0]]}, "error.layers"),
         ("attention_error", {"layers": [], "cells": [[0, 0, 0, 0.0, 1.0, 1.0, 0.0]]}, "cells"),
@@ -108,6 +123,8 @@ def test_gate_compares_working_bytes_relative(result):
 def test_damaged_memory_fields_are_named(field, value, named):
     record = {"prompt": "p", "seed": 0, "index": 0, "kv_cache_bytes": 1, "seconds": 1.0}
     assert record_problem(record) is None
+    paths = {"working_bytes": {"read": 1, "paths": {"fused": 3, "plain": 1}}}
+    assert record_problem(record | paths) is None  # and records from before paths, above
     for e_corr in ([], [None], [0.5]):  # records before E_corr, uncorrected, corrected
         layers = [[0, 1.0, 1.0, 4, [1.0], [1.0], 0.0, *e_corr]]
         assert record_problem(record | {"attention_error": {"layers": layers, "cells": []}}) is None

@@ -15,7 +15,7 @@ reconstituted context memory in jbkv's cache.
     device, dtype default cuda + bfloat16 when available, else cpu + float32
     precision     upstream (default: the latents in the model dtype between steps, as
                   upstream) | fp32-accum (in float32); the DiT casts as upstream in both
-    attention_backend  fused (default) | flex | reference
+    attention_backend  fused | flex | reference (default: chosen per device, docs/library.md)
     offload       move encoders / DiT / VAE to the device only for their phase (default: on CUDA)
     seed          init seed of tiny-random
 

@@ -10,7 +10,7 @@
     window        cached chunks per layer (default: what the kv ranges need, 1 for 5,4,3,2)
     kv_range      attention range per stage in chunks (default 5,4,3,2)
     device, dtype default cuda + bfloat16 when available, else cpu + float32
-    attention_backend  fused (default) | flex | reference
+    attention_backend  fused | flex | reference (default: chosen per device, docs/library.md)
     offload       move T5 / DiT / VAE to the device only for their phase (default: on CUDA)
     nearly_clean_refine  distill models' extra context-free pass (default True)
     special_tokens path of special_tokens.npz (default <weights>/special_tokens.npz)
