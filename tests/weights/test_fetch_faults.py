@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,8 @@ from jbkv_cli.metrics.vbench_weights import cache_roots
 from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.weights import entry_status, fetch_entry
 from jbkv_cli.weights.manifest import WeightEntry
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 
 
@@ -218,9 +216,7 @@ def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, raw_server
         "TORCH_HOME": str(tmp_path / "torch"),
         "JBKV_WEIGHTS_MANIFEST": str(manifest),
     }
-    result = subprocess.run(
-        [JBKV, "weights", "fetch", "all"], env=env, capture_output=True, text=True, timeout=900
-    )
+    result = run_jbkv("weights", "fetch", "all", environ=env)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
