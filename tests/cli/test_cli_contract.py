@@ -22,6 +22,8 @@ import typer
 from jbkv_cli.cli.app import _click_classes
 from tests.installed import JBKV, run_jbkv
 
+pytestmark = pytest.mark.slow
+
 TINY = ["--num-chunks", "2", "--steps", "1"]
 
 

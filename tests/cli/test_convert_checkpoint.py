@@ -21,6 +21,8 @@ from safetensors.torch import load_file
 from jbkv_cli.utils import atomic
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 
 def convert(*args: object, cwd: Path, umask: int | None = None) -> subprocess.CompletedProcess:
     return run_jbkv(

@@ -21,6 +21,8 @@ import pytest
 from jbkv_cli.run.directory import MAX_PROMPT_BYTES
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 TINY = ["--num-chunks", "2", "--steps", "1"]
 TINY_PROMPT = "a red circle moves right on a dark background"
 FREE_TEXT = {

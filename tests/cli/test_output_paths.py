@@ -31,6 +31,8 @@ from tests.installed import run_jbkv
 from tests.models.test_input_paths import fill_layout
 from tests.models.wan.matrix_game.conftest import write_inputs
 
+pytestmark = pytest.mark.slow
+
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 
 
@@ -212,7 +214,6 @@ def _reads(tmp_path: Path) -> dict[str, Path]:
     )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_no_output_overwrites_what_its_command_reads(tmp_path):
     """``llm-prefill --json``, ``quantize-eval --json`` and ``profile-heads --out`` onto each of
     their inputs: exit 2, one line naming both, every file as it was, no run folder made."""

@@ -42,6 +42,8 @@ from jbkv_cli.utils.console import PlainConsole, plain, visible
 from jbkv_cli.utils.video import write_video_lossless
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "a red circle moves right on a dark background"
 TINY_EVAL = ["quantize-eval", "--prompt", PROMPT, "--seeds", "0", "--bits", "2"]
 TINY_EVAL += ["--quantizers", "rtn", "--corrections", "none", "--num-chunks", "2", "--steps", "1"]

@@ -17,6 +17,8 @@ from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
 from tests.installed import run_jbkv
 from tests.llm.conftest import tiny_lm
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 TORCHRUN = str(BIN / "torchrun")
 SMALL = ["--bins", "64-128,128-192", "--chunk-sizes", "16,48", "--examples", "2"]

@@ -45,6 +45,7 @@ def test_check_options_accepts_what_builds(name):
     registry.check_options(name, **options)
 
 
+@pytest.mark.slow
 def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
     """The second model's bad option is refused before the first model generates anything."""
     args = ["quantize-eval", "-m", "tiny", "-m", "self-forcing"]

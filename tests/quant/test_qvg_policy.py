@@ -10,6 +10,8 @@ import pytest
 from tests.installed import run_jbkv
 from tests.quant.conftest import SMALLEST
 
+pytestmark = pytest.mark.slow
+
 
 def test_quantize_eval_pre_and_post_rope_rows(quick_eval):
     rows = quick_eval(

@@ -118,6 +118,7 @@ def test_tokens_can_be_pruned_from_what_it_stores():
         assert kept.nbytes * 16 == stored.nbytes * 3
 
 
+@pytest.mark.slow
 def test_every_sweep_and_command_knows_turboquant(quick_eval, tmp_path):
     specs = build_matrix([2, 3, 4, 8], ["turboquant-mse", "turboquant-prod"], ["none"], [32])
     assert {s.variant_id for s in specs} >= {"int2-turboquant-mse-g32", "int4-turboquant-prod-g32"}

@@ -19,6 +19,8 @@ from jbkv_cli.run.experiment import build_matrix
 from tests.installed import run_jbkv
 from tests.synthetic_run import write_run
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = [f"a synthetic prompt {i}" for i in range(6)]
 STATS = ("ci95", "p_t", "p_wilcoxon", "p_holm", "significant", "videos_needed")
 

@@ -15,6 +15,8 @@ from jbkv_cli.run.experiment import build_matrix
 from jbkv_cli.utils.errors import UsageError
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 SMALLEST = ["--num-chunks", "2", "--steps", "1", "--no-lpips", "--no-plots"]
 PROMPT = ["--prompt", "a red circle moves right on a dark background"]
 

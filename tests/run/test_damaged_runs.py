@@ -36,6 +36,8 @@ from jbkv_cli.run.experiment import Scoring
 from jbkv_cli.utils.errors import JbkvError
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 INT2 = "int2-rtn-g32"
 LEGACY = "int4-rtn-g32"  # its scores are moved into one file, as older runs kept them

@@ -38,6 +38,8 @@ from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.utils.video import read_video, write_video_lossless, write_video_mp4
 from tests.installed import JBKV, run_jbkv
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = (
     "a red circle moves right on a dark background\na blue square moves up on a gray background\n"
 )

@@ -36,6 +36,8 @@ from jbkv_cli.metrics.fidelity import compare_dirs
 from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
 from tests.installed import JBKV, run_jbkv
 
+pytestmark = pytest.mark.slow
+
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
 TORCH_RUN = "torch.distributed.run"

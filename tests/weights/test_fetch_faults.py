@@ -204,6 +204,7 @@ def test_a_local_write_error_names_the_part_and_deletes_it(tmp_path, local_serve
 # --- the CLI: every failure one line, the other entries go on ----------------------------------
 
 
+@pytest.mark.slow
 def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, local_server):
     routes = {"/garbled.pth": _garbled, "/cut.pth": _cut_chunked, "/loop.pth": _loop}
     local_server.routes.update(routes, **{"/good.pth": _whole})

@@ -13,6 +13,8 @@ import pytest
 
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 PAYLOAD = b"alexnet weights, for tests only\n" * 40_000
 
 

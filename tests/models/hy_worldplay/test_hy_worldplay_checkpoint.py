@@ -222,6 +222,7 @@ def test_hy_worldplay_prompt_template_is_upstreams():
     assert system_message() == UPSTREAM_VIDEO_SYSTEM
 
 
+@pytest.mark.slow
 def test_hy_worldplay_glyph_checkpoint_is_converted_to_safetensors(tmp_path):
     """Glyph-SDXL-v2's ``byt5_model.pt`` (a pickle of ``state_dict``) becomes a safetensors of
     the ByT5 encoder stack's tensors, prefix stripped, through the installed jbkv."""

@@ -13,6 +13,8 @@ from jbkv_cli.models.magi1.schedule import distill_dt, plan_forwards
 from jbkv_cli.models.magi1.text import build_text_condition
 from jbkv_cli.models.magi1.tiny import tiny_special_tokens
 
+pytestmark = pytest.mark.slow
+
 CW, H, W = TINY_SCHEDULE.chunk_width, 4, 4
 L, C = TINY_DIT.caption_max_length, TINY_DIT.caption_channels
 

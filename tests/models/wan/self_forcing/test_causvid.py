@@ -136,6 +136,7 @@ def test_causvid_bad_options_are_usage_errors(options, message):
         sf.check_options(**options)
 
 
+@pytest.mark.slow
 def test_causvid_past_its_horizon_is_one_line_through_the_installed_jbkv(tmp_path):
     if not Path(JBKV).is_file():
         pytest.skip(f"no installed jbkv next to {sys.executable}")

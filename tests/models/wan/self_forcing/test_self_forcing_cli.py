@@ -19,6 +19,8 @@ pytest.importorskip("diffusers")
 from jbkv_cli.cli.app import app
 from jbkv_cli.utils.video import read_video
 
+pytestmark = pytest.mark.slow
+
 TINY = ["--model", "self-forcing", "-o", "config=tiny-random", "--device", "cpu"]
 runner = CliRunner()
 
