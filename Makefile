@@ -1,4 +1,5 @@
-# jbkv — two commands: `make demo` (the main job on the embedded model) and `make test`.
+# jbkv — two commands: `make demo` (the main job on the embedded model) and `make test`
+# (`make test-fast`: the inner loop, every test not marked slow).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -12,7 +13,7 @@ GATE_ARGS := --prompts prompts/tiny-ci.txt --seeds 0,1 --bits 2,4 --quantizers r
              --corrections none,taylor --no-lpips --no-plots
 BASELINE  := baselines/tiny-ci.json
 
-.PHONY: setup demo test lint format gate baseline bench tiny-weights browser clean
+.PHONY: setup demo test test-fast lint format gate baseline bench tiny-weights browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +29,11 @@ demo: $(STAMP)
 test: lint $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
 	$(MAKE) --no-print-directory gate
+
+# Every test not marked slow (no installed-jbkv suites, torchrun, fault injection or signals;
+# docs/testing.md), for the inner loop; `make test` runs everything and is what CI runs.
+test-fast: lint $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -n $(JOBS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)

@@ -1,5 +1,6 @@
-"""Shared fixtures: a local HTTP server (127.0.0.1 only, with byte ranges) for tests that
-download (``jbkv weights``) or load pages in a browser (the HTML report). Never the network."""
+"""Shared fixtures: a local HTTP server (127.0.0.1 only, with byte ranges, and raw replies
+``http.server`` cannot send) for tests that download (``jbkv weights``) or load pages in a browser
+(the HTML report). Never the network."""
 
 from __future__ import annotations
 
@@ -7,21 +8,27 @@ import http.server
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+Reply = Callable[[dict[str, str]], bytes]
+"""A raw route: the request's headers (names lower-case) -> the exact bytes written before the
+server closes the connection (a garbled status line, a body cut short, a redirect loop…)."""
+
 
 @dataclass
 class LocalServer:
-    """A folder served on ``url``; ``requests`` logs (path, Range header, status)."""
+    """A folder served on ``url``, except the paths in ``routes``, which answer raw bytes;
+    ``requests`` logs (path, Range header, status), status None for a raw route."""
 
     root: Path
     url: str
-    requests: list[tuple[str, str | None, int]] = field(default_factory=list)
+    requests: list[tuple[str, str | None, int | None]] = field(default_factory=list)
     ranges: bool = True
+    routes: dict[str, Reply] = field(default_factory=dict)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -29,6 +36,16 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
     downloads use it; quiet."""
 
     server_state: LocalServer
+
+    def do_GET(self):
+        reply = self.server_state.routes.get(self.path)
+        if reply is None:
+            return super().do_GET()
+        self.server_state.requests.append((self.path, self.headers.get("Range"), None))
+        self.wfile.write(reply({k.lower(): v for k, v in self.headers.items()}))
+        self.wfile.flush()
+        self.close_connection = True
+        return None
 
     def send_head(self):
         state = self.server_state

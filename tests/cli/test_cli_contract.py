@@ -20,19 +20,17 @@ import pytest
 import typer
 
 from jbkv_cli.cli.app import _click_classes
+from tests.installed import JBKV, run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 TINY = ["--num-chunks", "2", "--steps", "1"]
 
 
 def run(
     *args: object, cwd: Path | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120"}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
-    )
+    return run_jbkv(*args, cwd=cwd, columns=120, timeout=timeout)
 
 
 def run_all(cases: list[tuple], cwd: Path) -> list[subprocess.CompletedProcess]:
@@ -321,15 +319,7 @@ def test_start_up_under_a_memory_cap_is_one_line_exit_1(tmp_path):
         return limit
 
     for mib in (256, 1024):
-        r = subprocess.run(
-            [JBKV, *DEMO],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=900,
-            preexec_fn=capped(mib),
-            env={k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"},
-        )
+        r = run_jbkv(*DEMO, cwd=tmp_path, preexec_fn=capped(mib))
         assert r.returncode == 1, (mib, r.returncode, r.stderr[-500:])
         lines = r.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: cannot start jbkv: "), (mib, lines)
@@ -360,14 +350,7 @@ def test_report_under_torchrun_prints_on_rank_0_only(tmp_path):
     by_rank = []
     for rank in (0, 1):
         env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)}
-        r = subprocess.run(
-            [JBKV, "report", "r"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            cwd=tmp_path,
-            env={**os.environ, "COLUMNS": "120", **env},
-        )
+        r = run_jbkv("report", "r", cwd=tmp_path, env={"COLUMNS": "120", **env})
         assert r.returncode == 0, (rank, r.stderr)
         by_rank.append(r)
     assert by_rank[0].stdout.count("variant") == 1, by_rank[0].stdout  # the table, once

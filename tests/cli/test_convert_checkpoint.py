@@ -19,19 +19,16 @@ import torch
 from safetensors.torch import load_file
 
 from jbkv_cli.utils import atomic
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
 
 
 def convert(*args: object, cwd: Path, umask: int | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"}
-    return subprocess.run(
-        [JBKV, "convert-checkpoint", *map(str, args)],
-        capture_output=True,
-        text=True,
+    return run_jbkv(
+        "convert-checkpoint",
+        *args,
         cwd=cwd,
-        env=env,
-        timeout=900,
         preexec_fn=None if umask is None else (lambda: os.umask(umask)),
     )
 

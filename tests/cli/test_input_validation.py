@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from jbkv_cli.run.directory import MAX_PROMPT_BYTES
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 TINY = ["--num-chunks", "2", "--steps", "1"]
 TINY_PROMPT = "a red circle moves right on a dark background"
 FREE_TEXT = {
@@ -34,11 +36,7 @@ def run(
     *args: object, cwd: Path, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     """The installed ``jbkv`` with ``args``; ``timeout`` turns a blocked read into a failure."""
-    full = {**os.environ, "COLUMNS": "120", **(env or {})}
-    full.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=full
-    )
+    return run_jbkv(*args, cwd=cwd, env={"COLUMNS": "120", **(env or {})}, timeout=timeout)
 
 
 def run_all(cases: list[tuple], cwd: Path) -> list[subprocess.CompletedProcess]:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,7 +31,8 @@ from tests.installed import run_jbkv
 from tests.models.test_input_paths import fill_layout
 from tests.models.wan.matrix_game.conftest import write_inputs
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 
 
@@ -132,9 +132,7 @@ def test_a_folder_named_like_a_run_without_a_jbkv_manifest_is_not_one(tmp_path):
 
 
 def _jbkv(args: list[object], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=900
-    )
+    return run_jbkv(*args, cwd=cwd)
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -216,7 +214,6 @@ def _reads(tmp_path: Path) -> dict[str, Path]:
     )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_no_output_overwrites_what_its_command_reads(tmp_path):
     """``llm-prefill --json``, ``quantize-eval --json`` and ``profile-heads --out`` onto each of
     their inputs: exit 2, one line naming both, every file as it was, no run folder made."""

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from html import escape
@@ -41,8 +40,10 @@ from jbkv_cli.run.directory import RunDir
 from jbkv_cli.utils import console
 from jbkv_cli.utils.console import PlainConsole, plain, visible
 from jbkv_cli.utils.video import write_video_lossless
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 PROMPT = "a red circle moves right on a dark background"
 TINY_EVAL = ["quantize-eval", "--prompt", PROMPT, "--seeds", "0", "--bits", "2"]
 TINY_EVAL += ["--quantizers", "rtn", "--corrections", "none", "--num-chunks", "2", "--steps", "1"]
@@ -52,11 +53,7 @@ RLO = "\u202e"
 
 
 def jbkv(*args: object, cwd: Path, env: dict[str, str] | None = None):
-    env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=900, cwd=cwd, env=env
-    )
+    return run_jbkv(*args, cwd=cwd, env={"COLUMNS": "200", **(env or {})})
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -257,23 +254,17 @@ def test_weights_fetch_and_status_of_an_entry_with_markup(tmp_path, local_server
     }
     # a name with markup is refused by the manifest check, printed as typed
     manifest.write_text(json.dumps({"files": [entry | {"name": "[bold]w[/]"}]}))
-    refused = subprocess.run(
-        [JBKV, "weights", "fetch", "[bold]w[/]"], env=env, capture_output=True, text=True
-    )
+    refused = run_jbkv("weights", "fetch", "[bold]w[/]", environ=env)
     lines = refused.stderr.splitlines()
     assert refused.returncode == 1 and len(lines) == 1, refused.stderr
     assert "name '[bold]w[/]'" in lines[0], refused.stderr
     # markup in a destination path and in the texts beside it is printed as typed
     manifest.write_text(json.dumps({"files": [entry]}))
-    fetched = subprocess.run(
-        [JBKV, "weights", "fetch", "w"], env=env, capture_output=True, text=True
-    )
+    fetched = run_jbkv("weights", "fetch", "w", environ=env)
     assert fetched.returncode == 0, fetched.stderr
     done = [line for line in fetched.stderr.splitlines() if line.startswith("w: ")]
     assert len(done) == 1 and done[0].endswith("[b]w[/b].bin (sha256 checked)"), fetched.stderr
-    status = subprocess.run(
-        [JBKV, "weights", "status"], env=env | {"COLUMNS": "1000"}, capture_output=True, text=True
-    )
+    status = run_jbkv("weights", "status", environ=env, columns=1000)
     assert status.returncode == 0 and "[b]w[/b].bin" in status.stdout, status.stderr
 
 

@@ -14,10 +14,12 @@ import pytest
 from jbkv_cli.llm.models import EMBEDDED_DIR
 from jbkv_cli.llm.tiny.corpus import eval_document
 from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
+from tests.installed import run_jbkv
 from tests.llm.conftest import tiny_lm
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
-JBKV = str(BIN / "jbkv")
 TORCHRUN = str(BIN / "torchrun")
 SMALL = ["--bins", "64-128,128-192", "--chunk-sizes", "16,48", "--examples", "2"]
 SMALL += ["--bits", "2", "--quantizers", "rtn", "--corrections", "none,taylor"]
@@ -31,14 +33,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def jbkv(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [JBKV, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=_env(home or cwd),
-        timeout=600,
-    )
+    return run_jbkv(*args, cwd=cwd, environ=_env(home or cwd), timeout=600)
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
@@ -326,10 +321,7 @@ def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
         env = _env(tmp_path) | {"PYTHONPATH": hook, "JBKV_TEST_ENOSPC": target}
         argv = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
         argv += ["--out", tmp_path / target, "--json", tmp_path / target / "report" / "rows.json"]
-        return subprocess.run(
-            [JBKV, *map(str, argv)], capture_output=True, text=True, cwd=tmp_path, env=env,
-            timeout=600,
-        )  # fmt: skip
+        return run_jbkv(*argv, cwd=tmp_path, environ=env, timeout=600)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(one, targets))

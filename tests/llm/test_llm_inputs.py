@@ -45,6 +45,7 @@ def one_line(proc, code: int, text: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_same_size_fine_tune_in_place_is_refused_on_resume(tmp_path, data):
     """The issue's case: fingerprinted by config and file sizes, a fine-tune saved over the
     model resumed into the old reference (INT4 ΔNLL +0.622 reported, −0.228 true)."""
@@ -88,6 +89,7 @@ BAD = [  # (model folder maker, exit code, text)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("make", "code", "text"), BAD, ids=["sliding-window", "nan-config"])
 def test_a_model_jbkv_would_compute_wrongly_is_refused_before_the_run_folder_exists(
     tmp_path, data, make, code, text

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WORKER = Path(__file__).with_name("vbench_shard_worker.py")
 VARIANTS = [

@@ -1,4 +1,4 @@
-"""Shared by the diffusers-based adapters' tests: a cache made without jbkv's quant code."""
+"""Shared by the model adapters' tests: a cache made without jbkv's quant code (the oracle)."""
 
 import json
 
@@ -6,28 +6,39 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from jbkv_cli.kvcache.spec import FULL_PRECISION
+
 
 class PlainCache:
-    """The unquantized cache without jbkv: concatenate and call SDPA."""
+    """The unquantized cache without jbkv: raw tensors, concatenation and plain SDPA. ``window``
+    keeps the last chunks only; ``attend(..., last=n)`` reads the last ``n`` held chunks."""
+
+    spec = FULL_PRECISION
+    working_nbytes = 0
 
     def __init__(self, spec=None, window=None, observer=None):
-        self.k, self.v, self.window = [], [], window
+        self.k, self.v, self.window, self.committed = [], [], window, 0
 
-    def attend(self, q, k_cur, v_cur, scale, backend=None):
-        keys = torch.cat([*self.k, k_cur], dim=-2)
-        values = torch.cat([*self.v, v_cur], dim=-2)
-        return F.scaled_dot_product_attention(q, keys, values, scale=scale)
+    @property
+    def num_chunks(self) -> int:
+        return len(self.k)
 
-    def commit(self, k, v):
-        self.k, self.v = [*self.k, k], [*self.v, v]
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def commit(self, k, v) -> None:
+        self.k, self.v = [*self.k, k.clone()], [*self.v, v.clone()]
+        self.committed += 1
         if self.window is not None:
             self.k, self.v = self.k[-self.window :], self.v[-self.window :]
 
-    @property
-    def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    working_nbytes = 0
+    def attend(self, q, k_cur, v_cur, scale, last=None, backend=None):
+        held = self.k if last is None else self.k[len(self.k) - last :]
+        values = self.v if last is None else self.v[len(self.v) - last :]
+        keys = torch.cat([*held, k_cur], dim=-2)
+        values = torch.cat([*values, v_cur], dim=-2)
+        return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=True)
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from jbkv_cli.run.schema import manifest_problem
 from jbkv_cli.utils.errors import UsageError
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 jbkv = partial(run_jbkv, columns=120)
 
 

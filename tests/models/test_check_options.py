@@ -3,17 +3,11 @@ message, without building anything; ``quantize-eval`` checks every model before 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from jbkv_cli.models import registry
 from jbkv_cli.utils.errors import JbkvError
-
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+from tests.installed import run_jbkv
 
 REFUSED = [
     ("tiny", {"steps": 0}),
@@ -51,13 +45,13 @@ def test_check_options_accepts_what_builds(name):
     registry.check_options(name, **options)
 
 
+@pytest.mark.slow
 def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
     """The second model's bad option is refused before the first model generates anything."""
-    args = [JBKV, "quantize-eval", "-m", "tiny", "-m", "self-forcing"]
+    args = ["quantize-eval", "-m", "tiny", "-m", "self-forcing"]
     args += ["-o", "self-forcing.config=tiny-random", "-o", "self-forcing.steps=0"]
     args += ["--prompt", "a red circle moves right on a dark background", "--out", "o"]
-    env = {k: v for k, v in os.environ.items() if k != "JBKV_DEBUG"}
-    r = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+    r = run_jbkv(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.splitlines() == [
         "error: self-forcing: steps must be an integer in 1..1000, got '0'"

@@ -4,15 +4,13 @@ which K rule and layout applied, and bad values are one-line usage errors (insta
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.installed import run_jbkv
 from tests.quant.conftest import SMALLEST
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
 
 
 def test_quantize_eval_pre_and_post_rope_rows(quick_eval):
@@ -57,12 +55,7 @@ def test_quantize_eval_span_of_two_chunks_counts_the_waiting_chunk(quick_eval):
     ],
 )
 def test_bad_policy_options_are_usage_errors(tmp_path, option, match):
-    result = subprocess.run(
-        [JBKV, "quantize-eval", "--quantizers", "qvg", "-M", option, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_jbkv("quantize-eval", "--quantizers", "qvg", "-M", option, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
     assert match in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -70,22 +63,16 @@ def test_bad_policy_options_are_usage_errors(tmp_path, option, match):
 
 
 def test_spans_with_a_pruner_are_a_usage_error(tmp_path):
-    result = subprocess.run(
-        [
-            JBKV,
-            "quantize-eval",
-            "--quantizers",
-            "qvg",
-            "--pruners",
-            "forcing-kv",
-            "-M",
-            "qvg.span_chunks=2",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    result = run_jbkv(
+        "quantize-eval",
+        "--quantizers",
+        "qvg",
+        "--pruners",
+        "forcing-kv",
+        "-M",
+        "qvg.span_chunks=2",
+        "--out",
+        tmp_path,
     )
     assert result.returncode == 2, result.stderr
     assert "not implemented for pruned caches" in result.stderr
@@ -113,10 +100,10 @@ def test_a_span_that_never_fills_is_a_no_op_said_everywhere(tmp_path):
     stderr (one line, before it generates), marks the row in the table, ``table.md``, the HTML
     page and the JSON, and the gate fails it; rtn's row, all of it compressed, has no mark."""
     out = tmp_path / "runs"
-    argv = [JBKV, "quantize-eval", "--quantizers", "rtn,qvg", "--bits", "2"]
+    argv = ["quantize-eval", "--quantizers", "rtn,qvg", "--bits", "2"]
     argv += ["--corrections", "none", "-M", "qvg.span_chunks=4", *SMALLEST]
     argv += ["--out", str(out), "--json", str(tmp_path / "r.json")]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    result = run_jbkv(*argv)
     assert result.returncode == 0, result.stderr
     warned = [line for line in result.stderr.splitlines() if "compress nothing" in line]
     assert warned == [
@@ -138,11 +125,6 @@ def test_a_span_that_never_fills_is_a_no_op_said_everywhere(tmp_path):
     report = out / "tiny" / "report"
     assert labelled in (report / "table.md").read_text()
     assert '<tr class="noop" data-variant="int2-qvg-g64-n4">' in (report / "index.html").read_text()
-    gate = subprocess.run(
-        [JBKV, "report", str(out / "tiny"), "--baseline", str(tmp_path / "r.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    gate = run_jbkv("report", out / "tiny", "--baseline", tmp_path / "r.json", timeout=300)
     assert gate.returncode == 1
     assert "int2-qvg-g64-n4: no-op: nothing compressed" in gate.stderr

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +21,7 @@ from jbkv_cli.quant.turboquant import (
     random_orthogonal,
 )
 from jbkv_cli.run.experiment import build_matrix
-
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+from tests.installed import run_jbkv
 
 
 def _keys(seed=0, tokens=512, dim=64, heads=1):
@@ -122,6 +118,7 @@ def test_tokens_can_be_pruned_from_what_it_stores():
         assert kept.nbytes * 16 == stored.nbytes * 3
 
 
+@pytest.mark.slow
 def test_every_sweep_and_command_knows_turboquant(quick_eval, tmp_path):
     specs = build_matrix([2, 3, 4, 8], ["turboquant-mse", "turboquant-prod"], ["none"], [32])
     assert {s.variant_id for s in specs} >= {"int2-turboquant-mse-g32", "int4-turboquant-prod-g32"}
@@ -142,21 +139,23 @@ def test_every_sweep_and_command_knows_turboquant(quick_eval, tmp_path):
     page = next(tmp_path.rglob("index.html")).read_text()
     assert "The measured bias" in page and "INT2 turboquant-mse g32 +signed" in page
     out = tmp_path / "gen"
-    gen = subprocess.run(
-        [JBKV, "generate", "--quantizer", "turboquant-prod", "--bits", "3", "--correct",
-         "--correction", "signed", "--num-chunks", "2", "--steps", "1", "--prompt",
-         "a red circle moves right on a dark background", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+    gen = run_jbkv(
+        "generate", "--quantizer", "turboquant-prod", "--bits", "3", "--correct",
+        "--correction", "signed", "--num-chunks", "2", "--steps", "1", "--prompt",
+        "a red circle moves right on a dark background", "--out", out, timeout=600,
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr
     variant = json.loads((out / "videos/int3-turboquant-prod-g32-signed/variant.json").read_text())
     assert variant["key"]["name"] == "turboquant-prod"
-    demo = subprocess.run(
-        [JBKV, "attention-demo", "--cached", "64", "--current", "16"],
-        capture_output=True,
-        text=True,
+    demo = run_jbkv(
+        "attention-demo",
+        "--cached",
+        "64",
+        "--current",
+        "16",
+        environ={"PATH": ""},
+        columns=200,
         timeout=600,
-        env={"COLUMNS": "200", "PATH": ""},
     )
     assert demo.returncode == 0, demo.stderr
     assert "INT2 turboquant-mse g32 +signed" in demo.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,11 @@ from jbkv_cli.metrics.paired import holm, paired_summary
 from jbkv_cli.report.html import render_page
 from jbkv_cli.run.directory import RunDir
 from jbkv_cli.run.experiment import build_matrix
+from tests.installed import run_jbkv
 from tests.synthetic_run import write_run
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 PROMPTS = [f"a synthetic prompt {i}" for i in range(6)]
 STATS = ("ci95", "p_t", "p_wilcoxon", "p_holm", "significant", "videos_needed")
 
@@ -38,11 +39,7 @@ def run(tmp_path_factory):
 
 
 def _report(run_root: Path, *args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [JBKV, "report", str(run_root), *args], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    return done
+    return run_jbkv("report", run_root, *args, timeout=120, check=True)
 
 
 @pytest.fixture(scope="module")

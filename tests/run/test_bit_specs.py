@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,16 @@ from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.run.bit_specs import BitPair, parse_bit_list, parse_bit_spec
 from jbkv_cli.run.experiment import build_matrix
 from jbkv_cli.utils.errors import UsageError
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
+pytestmark = pytest.mark.slow
+
 SMALLEST = ["--num-chunks", "2", "--steps", "1", "--no-lpips", "--no-plots"]
 PROMPT = ["--prompt", "a red circle moves right on a dark background"]
 
 
 def _run(*args: object, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200"}
-    env.pop("JBKV_DEBUG", None)
-    return subprocess.run(
-        [JBKV, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
-    )
+    return run_jbkv(*args, cwd=cwd, columns=200, timeout=300)
 
 
 def test_specs_parse_to_key_and_value_widths():

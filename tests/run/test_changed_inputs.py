@@ -18,6 +18,8 @@ from PIL import Image
 
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 jbkv = partial(run_jbkv, columns=160, env={"OMP_NUM_THREADS": "1"})
 MATRIX_GAME = ["generate", "-m", "matrix-game-2", "-o", "config=tiny-random"]
 HY_WORLDPLAY = ["generate", "-m", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks=2"]
@@ -118,7 +120,6 @@ def _pose(path: Path, spec: str) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_hy_worldplay_changed_pose_file_is_refused_before_anything_is_written(tmp_path):
     """Item 4: the kept memory plan's check used to refuse a changed pose file only inside
     generation, after the new variant's folder existed; now nothing is written. (An image is
@@ -166,7 +167,6 @@ def _self_forcing_weights(root: Path, shift: float) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_self_forcing_resume_with_a_rewritten_generator_of_the_same_size_and_mtime_is_refused(
     tmp_path,
 ):

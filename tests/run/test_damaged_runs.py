@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,9 @@ from jbkv_cli.run import directory as runs_module
 from jbkv_cli.run.directory import RunDir
 from jbkv_cli.run.experiment import Scoring
 from jbkv_cli.utils.errors import JbkvError
-from tests.installed import JBKV, run_jbkv
+from tests.installed import run_jbkv
+
+pytestmark = pytest.mark.slow
 
 NAME = "a red circle moves right on a dark background-0"  # a video of conftest's tiny_run
 INT2 = "int2-rtn-g32"
@@ -273,9 +274,7 @@ def test_a_fifo_in_place_of_a_record_or_a_score_is_named_not_read(copied):
     for path in (_damaged_file(copied, "record"), _damaged_file(copied, "score")):
         path.unlink()
         os.mkfifo(path)
-    r = subprocess.run(
-        [JBKV, "report", str(copied)], capture_output=True, text=True, cwd=copied, timeout=900
-    )
+    r = run_jbkv("report", copied, cwd=copied)
     assert r.returncode == 0, r.stderr
     warned = [w for w in _messages(r.stderr, "warning") if "not a regular file (a FIFO)" in w]
     assert len(warned) == 2, r.stderr

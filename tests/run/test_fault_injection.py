@@ -38,6 +38,8 @@ from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.utils.video import read_video, write_video_lossless, write_video_mp4
 from tests.installed import JBKV, run_jbkv
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = (
     "a red circle moves right on a dark background\na blue square moves up on a gray background\n"
 )
@@ -223,16 +225,9 @@ def test_kill_9_inside_and_between_score_writes_then_resume_is_identical(tiny_ru
     hook = os.pathsep.join(p for p in (str(KILL_HOOK), os.environ.get("PYTHONPATH")) if p)
     saved = 0
     for at in ("2:before", "1:after", "3:before", "2:after"):
-        env = {**os.environ, "PYTHONPATH": hook, "JBKV_TEST_KILL_AT": at}
+        env = {"PYTHONPATH": hook, "JBKV_TEST_KILL_AT": at}
         env["JBKV_TEST_KILL_MATCH"] = "/metrics/fidelity/"
-        r = subprocess.run(
-            [JBKV, *map(str, args), "--out", str(tmp_path / "killed")],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=900,
-        )
+        r = run_jbkv(*args, "--out", tmp_path / "killed", cwd=tmp_path, env=env)
         assert r.returncode == -signal.SIGKILL, (at, r.stderr)
         n, when = at.split(":")
         saved += int(n) - (when == "before")  # the score being renamed is the one lost
@@ -263,15 +258,8 @@ def test_full_disk_during_the_html_report_is_one_line_naming_the_target(tiny_run
     shutil.copytree(tiny_run, run)
     shutil.rmtree(run / "report")
     path = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path, "JBKV_TEST_ENOSPC": target}
-    r = subprocess.run(
-        [JBKV, "report", str(run), "--format", "html"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=900,
-    )
+    env = {"PYTHONPATH": path, "JBKV_TEST_ENOSPC": target}
+    r = run_jbkv("report", run, "--format", "html", cwd=tmp_path, env=env)
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 1 and len(errors) == 1, r.stderr
     assert errors[0] == f"error: cannot write {run / 'report' / target}: No space left on device"
@@ -318,14 +306,7 @@ def test_convert_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
 
-    r = subprocess.run(
-        [JBKV, "convert-checkpoint", "g.pt", str(target)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=900,
-        preexec_fn=limit,
-    )
+    r = run_jbkv("convert-checkpoint", "g.pt", target, cwd=tmp_path, preexec_fn=limit)
     _check_convert_failed(r, target, "File too large")
 
 

@@ -34,10 +34,12 @@ import pytest
 
 from jbkv_cli.metrics.fidelity import compare_dirs
 from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
+from tests.installed import JBKV, run_jbkv
+
+pytestmark = pytest.mark.slow
 
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
-JBKV = str(PYTHON_BIN / "jbkv")
 TORCH_RUN = "torch.distributed.run"
 SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
 EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
@@ -58,14 +60,7 @@ def _env(write_log: Path | None = None) -> dict[str, str]:
 
 
 def _jbkv(*args: object, cwd: Path, log: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [JBKV, *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=_env(log),
-        timeout=900,
-    )
+    return run_jbkv(*args, cwd=cwd, environ=_env(log))
 
 
 def _torchrun_cmd(*args: object) -> list[str]:

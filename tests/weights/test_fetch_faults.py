@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +14,8 @@ from jbkv_cli.metrics.vbench_weights import cache_roots
 from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.weights import entry_status, fetch_entry
 from jbkv_cli.weights.manifest import WeightEntry
+from tests.installed import run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 PAYLOAD = bytes(range(256)) * 40  # 10,240 bytes
 
 
@@ -84,22 +82,24 @@ def _whole(_h: dict[str, str]) -> bytes:
         ("/loop.pth", _loop, "redirect loop"),
     ],
 )
-def test_http_client_failures_are_one_line_naming_the_url(tmp_path, raw_server, path, reply, cause):
-    raw_server.routes[path] = reply
+def test_http_client_failures_are_one_line_naming_the_url(
+    tmp_path, local_server, path, reply, cause
+):
+    local_server.routes[path] = reply
     roots = _roots(tmp_path)
-    entry = _entry(f"{raw_server.url}{path}")
+    entry = _entry(f"{local_server.url}{path}")
     with pytest.raises(JbkvError) as exc:
         fetch_entry(entry, roots)
     message = str(exc.value)
-    assert message.startswith(f"cannot download {raw_server.url}{path}: {cause}")
+    assert message.startswith(f"cannot download {local_server.url}{path}: {cause}")
     assert "\n" not in message and "\r" not in message
     assert not entry.destination(roots).exists()
 
 
-def test_a_cut_body_keeps_the_part_and_the_next_fetch_resumes_it(tmp_path, raw_server):
-    raw_server.routes["/blob.pth"] = _short_then_ranges
+def test_a_cut_body_keeps_the_part_and_the_next_fetch_resumes_it(tmp_path, local_server):
+    local_server.routes["/blob.pth"] = _short_then_ranges
     roots = _roots(tmp_path)
-    entry = _entry(f"{raw_server.url}/blob.pth", sha256=hashlib.sha256(PAYLOAD).hexdigest())
+    entry = _entry(f"{local_server.url}/blob.pth", sha256=hashlib.sha256(PAYLOAD).hexdigest())
     with pytest.raises(
         JbkvError,
         match=r"connection closed at 4000 of 10240 bytes; the \.part \(4000 bytes\) is kept",
@@ -109,7 +109,7 @@ def test_a_cut_body_keeps_the_part_and_the_next_fetch_resumes_it(tmp_path, raw_s
     assert entry_status(entry, roots).state == "partial"
     fetch_entry(entry, roots)
     assert entry.destination(roots).read_bytes() == PAYLOAD
-    assert raw_server.requests == [("/blob.pth", None), ("/blob.pth", "bytes=4000-")]
+    assert local_server.requests == [("/blob.pth", None, None), ("/blob.pth", "bytes=4000-", None)]
 
 
 # --- sizes ------------------------------------------------------------------------------------
@@ -131,15 +131,15 @@ def test_a_stale_part_longer_than_the_file_is_discarded(tmp_path, local_server):
     assert local_server.requests == [("/blob.pth", f"bytes={n}-", 416), ("/blob.pth", None, 200)]
 
 
-def test_a_416_without_the_size_starts_over(tmp_path, raw_server):
+def test_a_416_without_the_size_starts_over(tmp_path, local_server):
     def reply(headers: dict[str, str]) -> bytes:
         if "range" in headers:
             return response("416 Range Not Satisfiable", Content_Length="0")
         return _whole(headers)
 
-    raw_server.routes["/blob.pth"] = reply
+    local_server.routes["/blob.pth"] = reply
     roots = _roots(tmp_path)
-    entry = _entry(f"{raw_server.url}/blob.pth")
+    entry = _entry(f"{local_server.url}/blob.pth")
     entry.part_path(roots).parent.mkdir(parents=True)
     entry.part_path(roots).write_bytes(PAYLOAD[:100])  # cannot tell: complete or not
     fetch_entry(entry, roots)
@@ -157,7 +157,7 @@ def test_a_complete_unpinned_part_is_kept_when_the_server_confirms_its_size(tmp_
     assert [status for _, _, status in local_server.requests] == [416]
 
 
-def test_a_206_for_another_range_starts_over(tmp_path, raw_server):
+def test_a_206_for_another_range_starts_over(tmp_path, local_server):
     def reply(headers: dict[str, str]) -> bytes:
         if "range" in headers:  # ignores the asked offset, sends from byte 7
             body = PAYLOAD[7:]
@@ -165,19 +165,21 @@ def test_a_206_for_another_range_starts_over(tmp_path, raw_server):
             return response("206 Partial Content", body, Content_Range=crange)
         return _whole(headers)
 
-    raw_server.routes["/blob.pth"] = reply
+    local_server.routes["/blob.pth"] = reply
     roots = _roots(tmp_path)
-    entry = _entry(f"{raw_server.url}/blob.pth")
+    entry = _entry(f"{local_server.url}/blob.pth")
     entry.part_path(roots).parent.mkdir(parents=True)
     entry.part_path(roots).write_bytes(PAYLOAD[:100])
     fetch_entry(entry, roots)
     assert entry.destination(roots).read_bytes() == PAYLOAD
 
 
-def test_a_server_size_that_disagrees_with_the_pin_is_refused_before_the_body(tmp_path, raw_server):
-    raw_server.routes["/blob.pth"] = _whole
+def test_a_server_size_that_disagrees_with_the_pin_is_refused_before_the_body(
+    tmp_path, local_server
+):
+    local_server.routes["/blob.pth"] = _whole
     roots = _roots(tmp_path)
-    entry = _entry(f"{raw_server.url}/blob.pth", size=len(PAYLOAD) + 1)
+    entry = _entry(f"{local_server.url}/blob.pth", size=len(PAYLOAD) + 1)
     with pytest.raises(JbkvError, match=r"the server says 10240 bytes, expected 10241"):
         fetch_entry(entry, roots)
     assert not entry.part_path(roots).exists() and not entry.destination(roots).exists()
@@ -202,11 +204,12 @@ def test_a_local_write_error_names_the_part_and_deletes_it(tmp_path, local_serve
 # --- the CLI: every failure one line, the other entries go on ----------------------------------
 
 
-def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, raw_server):
+@pytest.mark.slow
+def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, local_server):
     routes = {"/garbled.pth": _garbled, "/cut.pth": _cut_chunked, "/loop.pth": _loop}
-    raw_server.routes.update(routes, **{"/good.pth": _whole})
+    local_server.routes.update(routes, **{"/good.pth": _whole})
     files = [
-        {**_entry(f"{raw_server.url}{p}", name=p[1:-4]).__dict__, "provides": []}
+        {**_entry(f"{local_server.url}{p}", name=p[1:-4]).__dict__, "provides": []}
         for p in [*routes, "/good.pth"]
     ]
     files[-1]["sha256"] = hashlib.sha256(PAYLOAD).hexdigest()
@@ -218,15 +221,13 @@ def test_cli_reports_each_failure_once_and_fetches_the_rest(tmp_path, raw_server
         "TORCH_HOME": str(tmp_path / "torch"),
         "JBKV_WEIGHTS_MANIFEST": str(manifest),
     }
-    result = subprocess.run(
-        [JBKV, "weights", "fetch", "all"], env=env, capture_output=True, text=True, timeout=900
-    )
+    result = run_jbkv("weights", "fetch", "all", environ=env)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.splitlines()
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 3 and len(lines) == 4, result.stderr  # 3 errors, 1 success
     for path, line in zip(routes, errors, strict=True):
-        assert f"{raw_server.url}{path}" in line
-        assert result.stderr.count(f"{raw_server.url}{path}") == 1  # nothing listed twice
+        assert f"{local_server.url}{path}" in line
+        assert result.stderr.count(f"{local_server.url}{path}") == 1  # nothing listed twice
     assert (tmp_path / "torch" / "hub" / "checkpoints" / "good.pth").read_bytes() == PAYLOAD

@@ -6,14 +6,16 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.installed import run_jbkv
+
+pytestmark = pytest.mark.slow
+
 PAYLOAD = b"alexnet weights, for tests only\n" * 40_000
-JBKV = Path(sys.executable).with_name("jbkv")
 
 
 @pytest.fixture
@@ -57,9 +59,7 @@ def env(tmp_path: Path, local_server) -> dict[str, str]:
 
 
 def jbkv(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(JBKV), "weights", *args], env=env, capture_output=True, text=True, timeout=900
-    )
+    return run_jbkv("weights", *args, environ=env)
 
 
 def test_status_then_fetch_lpips(env, tmp_path):

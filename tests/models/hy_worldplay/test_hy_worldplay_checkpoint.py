@@ -222,11 +222,10 @@ def test_hy_worldplay_prompt_template_is_upstreams():
     assert system_message() == UPSTREAM_VIDEO_SYSTEM
 
 
+@pytest.mark.slow
 def test_hy_worldplay_glyph_checkpoint_is_converted_to_safetensors(tmp_path):
     """Glyph-SDXL-v2's ``byt5_model.pt`` (a pickle of ``state_dict``) becomes a safetensors of
     the ByT5 encoder stack's tensors, prefix stripped, through the installed jbkv."""
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
 
@@ -242,10 +241,9 @@ def test_hy_worldplay_glyph_checkpoint_is_converted_to_safetensors(tmp_path):
         },
         src,
     )
-    jbkv = str(Path(sys.executable).with_name("jbkv"))
-    r = subprocess.run(
-        [jbkv, "convert-checkpoint", str(src), "--glyph"], capture_output=True, text=True
-    )
+    from tests.installed import run_jbkv
+
+    r = run_jbkv("convert-checkpoint", src, "--glyph")
     assert r.returncode == 0, r.stderr
     out = load_file(str(tmp_path / "byt5_model.safetensors"))
     assert list(out) == ["block.0.layer.0.SelfAttention.q.weight"]

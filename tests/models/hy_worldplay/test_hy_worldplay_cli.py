@@ -13,6 +13,8 @@ from PIL import Image
 
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 TINY = ["--model", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks=2"]
 
 

@@ -13,6 +13,8 @@ from jbkv_cli.models.magi1.schedule import distill_dt, plan_forwards
 from jbkv_cli.models.magi1.text import build_text_condition
 from jbkv_cli.models.magi1.tiny import tiny_special_tokens
 
+pytestmark = pytest.mark.slow
+
 CW, H, W = TINY_SCHEDULE.chunk_width, 4, 4
 L, C = TINY_DIT.caption_max_length, TINY_DIT.caption_channels
 
@@ -56,11 +58,11 @@ def test_chunkwise_with_cache_equals_full_forward(tiny, r):
     assert all(cache.num_chunks == r - 1 for cache in caches)
 
 
-def test_full_precision_cache_is_bit_identical_to_dense_oracle(tiny, dense_cache):
+def test_full_precision_cache_is_bit_identical_to_dense_oracle(tiny, plain_cache):
     n = 3
     x, t, y, mask = _inputs(n, seed=1)
     outs = []
-    for caches in (make_caches(FULL_PRECISION, 2, window=2), [dense_cache(), dense_cache()]):
+    for caches in (make_caches(FULL_PRECISION, 2, window=2), [plain_cache(), plain_cache()]):
         attend = cache_attend()
         res = []
         for c in range(n):
@@ -102,9 +104,9 @@ def _sample(tiny, caches, sched=TINY_SCHEDULE, n=3, backend="reference"):
         return sampler.sample(noise, plan_forwards(n, sched), _text(tiny, n), caches)
 
 
-def test_sampler_16bit_cache_equals_dense_oracle(tiny, dense_cache):
+def test_sampler_16bit_cache_equals_dense_oracle(tiny, plain_cache):
     a = _sample(tiny, make_caches(FULL_PRECISION, 2, window=2)).latents
-    b = _sample(tiny, [dense_cache(), dense_cache()]).latents
+    b = _sample(tiny, [plain_cache(), plain_cache()]).latents
     assert torch.equal(a, b)
 
 

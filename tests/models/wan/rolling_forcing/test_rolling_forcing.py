@@ -34,6 +34,8 @@ from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.utils.errors import UsageError
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 TOKENS = 4  # tokens per latent frame at 32x32 (4x4 latents, 2x2 patches)
 ATOL = 1e-5
 

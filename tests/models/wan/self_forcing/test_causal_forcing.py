@@ -34,6 +34,8 @@ from jbkv_cli.utils.errors import JbkvError, UsageError, WeightsNotFoundError
 from jbkv_cli.utils.video import read_video
 from tests.installed import JBKV, run_jbkv
 
+pytestmark = pytest.mark.slow
+
 ATOL = 1e-5  # fp32: cached loop vs cache-free re-runs under a mask
 FSDP = "model._fsdp_wrapped_module."
 FRAMEWISE = dict(config="tiny-random", chunk_frames=1, num_chunks=5, window=20, device="cpu")

@@ -8,7 +8,6 @@ All on CPU in float32 with the tiny random configuration; nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from jbkv_cli.models.wan.self_forcing import model as sf
 from jbkv_cli.models.wan.self_forcing.checkpoint import diffusers_name, strip_wrappers
 from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.utils.errors import UsageError
+from tests.installed import JBKV, run_jbkv
 
-JBKV = str(Path(sys.executable).with_name("jbkv"))
 ATOL = 1e-5
 CAUSVID = dict(config="tiny-random", step_list="1000,757,522", warp=False, shift=8.0)
 CAUSVID |= dict(num_chunks=4, device="cpu")
@@ -137,13 +136,14 @@ def test_causvid_bad_options_are_usage_errors(options, message):
         sf.check_options(**options)
 
 
+@pytest.mark.slow
 def test_causvid_past_its_horizon_is_one_line_through_the_installed_jbkv(tmp_path):
     if not Path(JBKV).is_file():
         pytest.skip(f"no installed jbkv next to {sys.executable}")
     out = tmp_path / "run"
-    argv = [JBKV, "generate", "-m", "self-forcing", "-o", "config=causvid", "-o", "num_chunks=8"]
+    argv = ["generate", "-m", "self-forcing", "-o", "config=causvid", "-o", "num_chunks=8"]
     argv += ["--prompt", "a cat", "--out", str(out)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    result = run_jbkv(*argv, cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "causvid was trained on 21 latent frames" in lines[0]

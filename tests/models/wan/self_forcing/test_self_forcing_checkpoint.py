@@ -438,6 +438,7 @@ def test_self_forcing_mapped_weights_compute_what_upstream_computes(
     torch.testing.assert_close(got, expected, atol=atol, rtol=0)
 
 
+@pytest.mark.slow
 def test_self_forcing_loads_without_library_chatter(tiny, weights_root, tmp_path):
     """A base folder whose VAE is a ``.bin`` (diffusers falls back from safetensors to it) and
     a UMT5 encoder (transformers draws its ``Loading weights`` bar): through the installed

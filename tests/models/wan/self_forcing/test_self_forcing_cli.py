@@ -5,7 +5,6 @@ Typer's CliRunner. CPU only; nothing is downloaded."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,10 +12,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.installed import JBKV, run_jbkv
+
 pytest.importorskip("diffusers")
 
 from jbkv_cli.cli.app import app
 from jbkv_cli.utils.video import read_video
+
+pytestmark = pytest.mark.slow
 
 TINY = ["--model", "self-forcing", "-o", "config=tiny-random", "--device", "cpu"]
 runner = CliRunner()
@@ -29,12 +32,11 @@ def invoke(*args):
 @pytest.fixture(scope="module")
 def installed_run(tmp_path_factory):
     """``jbkv generate --bits 2 --correct`` by the installed entry point, in a subprocess."""
-    jbkv = Path(sys.executable).with_name("jbkv")
-    if not jbkv.is_file():
+    if not Path(JBKV).is_file():
         pytest.skip(f"no installed jbkv next to {sys.executable}")
     out = tmp_path_factory.mktemp("sf") / "run"
-    argv = [str(jbkv), "generate", *TINY, "--bits", "2", "--correct", "--prompt", "a cat"]
-    result = subprocess.run([*argv, "--out", str(out)], capture_output=True, text=True, timeout=900)
+    argv = ["generate", *TINY, "--bits", "2", "--correct", "--prompt", "a cat"]
+    result = run_jbkv(*argv, "--out", out)
     assert result.returncode == 0, result.stderr
     return out, result
 
@@ -84,13 +86,10 @@ def test_self_forcing_quantize_eval_small(tmp_path):
 
 def test_self_forcing_unknown_precision_is_one_usage_line(tmp_path):
     """Through the installed jbkv: exit 2, one line naming the choices, nothing written."""
-    jbkv = Path(sys.executable).with_name("jbkv")
-    if not jbkv.is_file():
+    if not Path(JBKV).is_file():
         pytest.skip(f"no installed jbkv next to {sys.executable}")
-    argv = [str(jbkv), "generate", *TINY, "-o", "precision=half", "--prompt", "a cat"]
-    result = subprocess.run(
-        [*argv, "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=900
-    )
+    argv = ["generate", *TINY, "-o", "precision=half", "--prompt", "a cat"]
+    result = run_jbkv(*argv, "--out", tmp_path / "run")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "error: self-forcing: precision must be one of upstream, fp32-accum, got 'half'"

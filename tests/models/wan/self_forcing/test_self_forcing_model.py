@@ -27,6 +27,8 @@ from jbkv_cli.models.wan.self_forcing.components import tiny_components
 from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule, denoising_step_list
 from jbkv_cli.utils.errors import JbkvError
 
+pytestmark = pytest.mark.slow
+
 ATOL = 1e-5  # fp32: one forward, chunk loop with cache vs full forward under a mask
 K = 3  # latent frames per chunk (Self-Forcing's num_frame_per_block)
 TOKENS = 4  # tokens per latent frame at 32x32 pixels (4x4 latents, 2x2 patches)

@@ -30,6 +30,8 @@ from jbkv_cli.models.wan.skyreels_v2.attention import (
 )
 from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
+pytestmark = pytest.mark.slow
+
 ATOL = 1e-5  # fp32: chunk loop with cache vs one full forward
 K = 2  # latent frames per chunk in these tests
 INT2 = KVSpec.build("rtn", bits=2)
