@@ -331,7 +331,9 @@ def _fp8_codes(step: torch.Tensor, fp8: bool = False) -> torch.Tensor | None:
         return None
     s8 = step.float().to(torch.float8_e4m3fn)
     if not fp8 and (
-        bool((step < 0).any()) or bool((step > 448).any()) or not torch.equal(s8.float(), step.float())
+        bool((step < 0).any())
+        or bool((step > 448).any())
+        or not torch.equal(s8.float(), step.float())
     ):
         return None
     return s8.view(torch.uint8).long()

@@ -74,7 +74,6 @@ from jbkv_cli.quant.noise import MIXED, measure_noise
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.rotation import RandomHadamard
-from jbkv_cli.utils.host_reads import maybe_any
 from jbkv_cli.quant.tensor import (
     DECLARED,
     UNSHRINK,
@@ -85,6 +84,7 @@ from jbkv_cli.quant.tensor import (
     signed_terms,
     zero_steps,
 )
+from jbkv_cli.utils.host_reads import maybe_any
 
 
 @dataclass
@@ -316,8 +316,8 @@ class ChunkKVCache:
         held = {c.serial: c.pruned for c in self.chunks if c.pruned is not None}
         for serial, start, keep in decision.settled:
             if serial in held:
-                held[serial].drop(start, keep)
-        return PrunedChunk(k, v, decision.keep, self._stored_as)
+                held[serial].drop(start, keep, decision.held.get(serial))
+        return PrunedChunk(k, v, decision.keep, self._stored_as, decision.held.get(self.committed))
 
     def _settle(self) -> None:
         """Compress the exact tokens that fell out of each method's residual (newest tokens)."""
@@ -565,6 +565,10 @@ class ChunkKVCache:
         step = torch.cat(steps, dim=-2) if quantized else None
         rotation = next((r for r in rotations if r is not None), None)
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
+        sinks = [c.sides["key"].stored(groups) for c in chunks if c.pruned is None]
+        view.steps_fp8 = all(c.pruned.steps_fp8 for c in chunks if c.pruned is not None) and all(
+            t.steps_fp8 for t in sinks if t.quantized
+        )
         counts = torch.cat(valid, dim=-1)
         view.valid = counts > 0
         if any(c.pruned is not None and c.pruned.repeated for c in chunks):

@@ -19,8 +19,8 @@ from jbkv_cli.quant.groupwise import check_group_size
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
-from jbkv_cli.utils.host_reads import require
 from jbkv_cli.utils.fields import check_fields, option
+from jbkv_cli.utils.host_reads import require
 
 Role = Literal["key", "value"]
 MAX_GROUP_SIZE = 4096

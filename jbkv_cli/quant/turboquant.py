@@ -73,8 +73,8 @@ from jbkv_cli.quant.groupwise import check_group_size, pack_codes, unpack_codes
 from jbkv_cli.quant.lloyd_max import Codebook, lloyd_max
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.tensor import ADDITIVE, CENTROID, QuantizedTensor
-from jbkv_cli.utils.host_reads import device_copy, require
 from jbkv_cli.utils.fields import MAX_SEED, option
+from jbkv_cli.utils.host_reads import device_copy, require
 
 NORM_DTYPE = torch.float16
 NORM_MAX = 65504.0
@@ -273,7 +273,9 @@ class TurboQuantMSE(KVMethod):
             return mse
         r = xf - rot.unrotate(mse.rotated_mse())
         gamma = _to_norm(r.norm(dim=-1, keepdim=True), "residual norm")
-        signs = (r @ device_copy(rot.sketch, x.device).T >= 0).to(torch.uint8)  # sign(S r), sign(0) = +1
+        signs = (r @ device_copy(rot.sketch, x.device).T >= 0).to(
+            torch.uint8
+        )  # sign(S r), sign(0) = +1
         return TurboQuantProdTensor(
             mse.codes, norm, x.shape, x.dtype, self.mse_bits, self.group_size, rot,
             pack_codes(signs, 1), gamma,

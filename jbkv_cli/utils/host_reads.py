@@ -26,7 +26,8 @@ change, so both answers give the same output.
 **Copies to the device.** A blocking copy between the host and a device waits for the device as
 a read does (CUDA synchronizes the stream before a copy from pageable memory). Constants made on
 the CPU (a rotation's signs, a codebook, a table) are copied to a device once and kept there
-(:func:`device_copy`, :func:`kept`): the first call on a device copies, the next ones reuse.
+(:func:`device_copy`, :func:`kept`): the first call on a device copies, the next ones reuse;
+small values a loop computes on the host are kept by value (:func:`device_values`).
 """
 
 from __future__ import annotations
@@ -149,6 +150,18 @@ def device_copy(
         return t.to(device=device, dtype=dtype)
     key = ("copy", id(t), str(device), dtype)
     return kept(key, lambda: t.to(device=device, dtype=dtype), owner=t)
+
+
+def device_values(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A small tensor the host computed (a schedule's timesteps, step sizes), on ``device``: on
+    the CPU itself, elsewhere copied once per distinct value and kept (a loop that repeats its
+    values, as a sampler's steady state does, copies nothing more)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return t
+    raw = t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+    key = ("values", t.dtype, tuple(t.shape), raw, str(device))
+    return kept(key, lambda: t.to(device))
 
 
 def forget_kept() -> None:

@@ -58,9 +58,7 @@ def test_blocked_distances_change_nothing():
 
 def test_lloyd_steps_never_increase_the_objective():
     x = torch.randn(3, 400, 16, generator=torch.Generator().manual_seed(3))
-    costs = [
-        inertia(x, *kmeans(x, 20, it, Draws(0))) for it in (1, 2, 4, 8)
-    ]
+    costs = [inertia(x, *kmeans(x, 20, it, Draws(0))) for it in (1, 2, 4, 8)]
     for before, after in pairwise(costs):
         assert (after <= before * (1 + 1e-6)).all()
     assert (costs[-1] < costs[0]).all()
