@@ -66,6 +66,7 @@ from jbkv_cli.attention.memory import active_meter, shape_of
 from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms, rope_bias
 from jbkv_cli.quant.rotation import RandomHadamard
 from jbkv_cli.quant.tensor import DECLARED, QuantizedTensor, signed_terms
+from jbkv_cli.utils.host_reads import maybe_any, surely_all
 
 
 @dataclass
@@ -84,7 +85,8 @@ class CachedKV:
     the same pair under the default ``signed`` rule for a variant that does not read it, kept
     for the diagnostics only (the method's own model, :mod:`jbkv_cli.attention.bias_share`).
     ``copies`` ``[B, Hkv, Lc]`` (uint8): how many times each cached token is read (0 where not
-    ``valid``; None: once each).
+    ``valid``; None: once each). ``steps_fp8``: every ``k_step`` is an FP8 E4M3 value by its
+    storage format (the exact bias tabulates them without reading them; False: unknown).
     """
 
     k: torch.Tensor
@@ -99,6 +101,7 @@ class CachedKV:
     key_rotation: KeyRotation | None = None
     copies: torch.Tensor | None = None
     noise_ref: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    steps_fp8: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +113,7 @@ class CachedKV:
     ) -> CachedKV:
         """The view of stored keys and values, with the signed terms of ``rule``
         (:func:`~jbkv_cli.quant.tensor.signed_terms`)."""
-        kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation)
+        kv = cls(k.dequantize(), v.dequantize(), k.step, k.rotation, steps_fp8=k.steps_fp8)
         if k.step is not None:
             kv.k_step2, kv.k_unshrink = signed_terms(k, k.step.shape[-1], rule)
         return kv
@@ -189,8 +192,8 @@ def key_mask(cached: CachedKV | None, q: torch.Tensor, lk: int) -> torch.Tensor 
     ratio); None when every token is held once."""
     if cached is None or cached.valid is None:
         return None
-    if cached.copies is None and bool(cached.valid.all()):
-        return None
+    if cached.copies is None and surely_all(cached.valid):
+        return None  # read on a CPU only: elsewhere the mask is all zeros (the same output)
     rep = q.shape[-3] // cached.valid.shape[-2]
     held = held_log(cached, q.device).repeat_interleave(rep, dim=-2)  # [B, Hq, Lc]
     mask = torch.zeros((*held.shape[:-1], 1, lk), dtype=q.dtype, device=q.device)
@@ -204,7 +207,8 @@ def cached_bias(q, cached: CachedKV, scale: float, method: str) -> torch.Tensor:
     matters."""
     if needs_pair_terms(cached.k_step, q.shape[-1], cached.key_rotation, method):
         return rope_bias(q, cached.k_step, scale, method, cached.key_rotation, cached.k_step2)
-    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, cached.k_step2)
+    step2, fp8 = cached.k_step2, cached.steps_fp8
+    return jensen_bias(q, cached.k_step, scale, method, cached.rotation, step2, fp8)
 
 
 def masked(
@@ -418,7 +422,8 @@ def attend(
     ``Lq`` equal to the current keys; see the module docstring). ``backend`` (for the bilinear
     corrections): a name in :data:`BACKENDS`; None: the enclosing :func:`attention_backend`'s,
     else :func:`~jbkv_cli.attention.kernels.choose_backend`'s for the call. All steps zero
-    (Δ = 0, nothing quantized) is exactly the uncorrected path: the bias is zero.
+    (Δ = 0, nothing quantized) gives a zero bias; on a CPU it takes the uncorrected path (the
+    steps are read there only: :func:`~jbkv_cli.utils.host_reads.maybe_any`).
     """
     corr = get_correction(correction)
     if isinstance(cached, tuple):
@@ -428,7 +433,7 @@ def attend(
         return sdpa(q, k_cur, v_cur, scale, causal=causal)
     meter = None if causal else active_meter()
     shape = None if meter is None else shape_of(q, k_cur, cached)
-    if cached.k_step is None or not corr.active or not bool(cached.k_step.any()):
+    if cached.k_step is None or not corr.active or not maybe_any(cached.k_step):
         if meter is not None:
             meter.add(shape, "plain", None)
         lk = cached.num_tokens + k_cur.shape[-2]

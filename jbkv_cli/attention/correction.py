@@ -115,6 +115,7 @@ from dataclasses import dataclass
 import torch
 
 from jbkv_cli.quant.rotation import RandomHadamard
+from jbkv_cli.utils.host_reads import device_copy, on_host
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,7 @@ def exact_bias(
     scale: float,
     rotation: RandomHadamard | None = None,
     max_elements: int = 1 << 24,
+    fp8: bool = False,
 ) -> torch.Tensor:
     """``b_i = Σ_c log(sinh α_ic / α_ic)``, ``α_ic = τ q_c Δ_i,g(c) / 2`` -> ``[..., Hq, Lq, Lk]``.
 
@@ -283,17 +285,26 @@ def exact_bias(
     per query and group ``j``, ``T_j[v] = Σ_{c∈j} log sinhc(τ q_c v / 2)`` over the 127 values,
     then ``b_i = Σ_j T_j[Δ_ij]`` — exact, and ``O(Lq·D·127 + Lq·Lk·G)`` instead of
     ``O(Lq·Lk·D)`` transcendental evaluations. Other steps use :func:`exact_bias_direct`.
+    ``fp8``: the steps are FP8 values by their storage format
+    (:attr:`~jbkv_cli.quant.tensor.QuantizedTensor.steps_fp8`); otherwise they are read to find
+    out on a CPU, and take the direct form elsewhere (a read there is a host sync). On a CPU the
+    table holds only the values present (``torch.unique``; a shape read from the values), elsewhere
+    all 127: each entry is the same function of ``q`` and its value, so the bias is the same.
     """
-    codes = _fp8_codes(step)
+    codes = _fp8_codes(step, fp8)
     if codes is None:
         return exact_bias_direct(q, step, scale, rotation, max_elements)
     qf = query_basis(q, rotation)
     groups = step.shape[-1]
-    present = torch.unique(codes)  # the V ≤ 127 step values actually stored
-    values = _FP8_VALUES.to(q.device)[present]  # [V]
-    lut = torch.zeros(127, dtype=torch.long, device=q.device)
-    lut[present] = torch.arange(present.numel(), device=q.device)
-    codes = _expand_kv_heads(lut[codes], q.shape[-3])  # [..., Hq, Lk, G] indices into values
+    if on_host(codes):
+        present = torch.unique(codes)  # the V ≤ 127 step values actually stored
+        values = _FP8_VALUES[present].to(q.device)  # [V]
+        lut = torch.zeros(127, dtype=torch.long, device=q.device)
+        lut[present] = torch.arange(present.numel(), device=q.device)
+        codes = lut[codes]
+    else:
+        values = device_copy(_FP8_VALUES, q.device)  # [127]: a code is its own index
+    codes = _expand_kv_heads(codes, q.shape[-3])  # [..., Hq, Lk, G] indices into values
     lead, lq, lk = q.shape[:-2], q.shape[-2], step.shape[-2]
     qg = qf.reshape(-1, lq, groups, q.shape[-1] // groups)  # [N, Lq, G, g]
     cg = codes.reshape(-1, lk, groups)  # [N, Lk, G]
@@ -313,12 +324,17 @@ def exact_bias(
 _FP8_VALUES = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
 
 
-def _fp8_codes(step: torch.Tensor) -> torch.Tensor | None:
-    """The FP8 E4M3 bit patterns of ``step`` (int64), or None if a step is not an FP8 value."""
-    if step.numel() == 0 or bool((step < 0).any()) or bool((step > 448).any()):
+def _fp8_codes(step: torch.Tensor, fp8: bool = False) -> torch.Tensor | None:
+    """The FP8 E4M3 bit patterns of ``step`` (int64), or None if a step is not an FP8 value
+    (``fp8``: known to be; else read on a CPU, and None elsewhere: unknown without a sync)."""
+    if step.numel() == 0 or not (fp8 or on_host(step)):
         return None
     s8 = step.float().to(torch.float8_e4m3fn)
-    if not torch.equal(s8.float(), step.float()):
+    if not fp8 and (
+        bool((step < 0).any())
+        or bool((step > 448).any())
+        or not torch.equal(s8.float(), step.float())
+    ):
         return None
     return s8.view(torch.uint8).long()
 
@@ -357,10 +373,12 @@ def jensen_bias(
     method: str = "taylor",
     rotation: RandomHadamard | None = None,
     noise_step2: torch.Tensor | None = None,
+    fp8: bool = False,
 ) -> torch.Tensor:
     """The bias ``b`` to subtract from cached scores: ``[..., Hq, Lq, D], [..., Hkv, Lk, G]``
     -> ``[..., Hq, Lq, Lk]``; ``method`` is a form: ``taylor``, ``exact``, ``variance`` (the
-    signed correction, which reads ``noise_step2`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros)."""
+    signed correction, which reads ``noise_step2`` ``[..., Hkv, Lk, G]``) or ``none`` (zeros).
+    ``fp8``: the steps are FP8 values by their storage format (:func:`exact_bias`)."""
     if method not in FORMS:
         raise ValueError(f"method must be one of {FORMS}, got {method!r}")
     if q.shape[-1] % step.shape[-1]:
@@ -370,7 +388,7 @@ def jensen_bias(
     if method == "taylor":
         return taylor_bias(q, step, scale, rotation)
     if method == "exact":
-        return exact_bias(q, step, scale, rotation)
+        return exact_bias(q, step, scale, rotation, fp8=fp8)
     if method == "variance":
         if noise_step2 is None:
             raise ValueError(NO_NOISE_VAR)

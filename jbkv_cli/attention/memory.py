@@ -62,6 +62,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from jbkv_cli.attention.correction import fused_width
+from jbkv_cli.utils.host_reads import on_host, surely_all
 
 PATHS = ("plain", "fused", "flex", "reference", "masked")
 MASKED_BLOCK = 256  # query rows per block of the masked path (attend.masked's default)
@@ -280,8 +281,8 @@ def shape_of(q: torch.Tensor, k_cur: torch.Tensor, cached, exact: bool = False) 
     """The :class:`ReadShape` of ``attend(q, k_cur, ·, cached)`` (``cached`` a ``CachedKV``;
     ``exact``: count the distinct step values the exact bias tabulates)."""
     step = cached.k_step
-    values = 127
-    if exact and step is not None:
+    values = 127  # the exact bias's table off the CPU (correction.exact_bias)
+    if exact and step is not None and on_host(step):
         values = max(1, int(torch.unique(step).numel()))
     valid = cached.valid
     ref = cached.k_ref
@@ -300,7 +301,7 @@ def shape_of(q: torch.Tensor, k_cur: torch.Tensor, cached, exact: bool = False) 
         step2=cached.k_step2 is not None,
         unshrink=cached.k_unshrink is not None,
         valid=valid is not None,
-        dropped=valid is not None and (cached.copies is not None or not bool(valid.all())),
+        dropped=valid is not None and (cached.copies is not None or not surely_all(valid)),
         copies=cached.copies is not None,
         step_values=values,
         noise_ref=sum(t.shape[-1] for t in cached.noise_ref if t is not None)

@@ -54,6 +54,7 @@ token is held more than once: attention reads it that many times). Sinks are nev
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -83,6 +84,7 @@ from jbkv_cli.quant.tensor import (
     signed_terms,
     zero_steps,
 )
+from jbkv_cli.utils.host_reads import maybe_any
 
 
 @dataclass
@@ -113,6 +115,7 @@ class _Chunk:
     length: int
     device: torch.device
     bias_step: torch.Tensor | None = None  # bias-only ablation: the Δ the method would use
+    bias_fp8: bool = False  # and its steps are FP8 values by format (QuantizedTensor.steps_fp8)
     bias_rotation: RandomHadamard | None = None
     ref: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     serial: int = 0  # commits before this one
@@ -253,6 +256,7 @@ class ChunkKVCache:
             if self.policies["key"].per_chunk:
                 predicted = self._store(self.spec.key, k, "key", sink)
                 chunk.bias_step, chunk.bias_rotation = predicted.step, predicted.rotation
+                chunk.bias_fp8 = predicted.steps_fp8
             else:
                 chunk.waiting.add("bias")
         if self.observer is not None:
@@ -298,6 +302,7 @@ class ChunkKVCache:
             piece = SpanSlice(span, c.serial)
             if role == "bias":
                 c.bias_step, c.bias_rotation = piece.step, piece.rotation
+                c.bias_fp8 = piece.steps_fp8
             else:
                 c.sides[side] = _Side([piece])
 
@@ -311,8 +316,8 @@ class ChunkKVCache:
         held = {c.serial: c.pruned for c in self.chunks if c.pruned is not None}
         for serial, start, keep in decision.settled:
             if serial in held:
-                held[serial].drop(start, keep)
-        return PrunedChunk(k, v, decision.keep, self._stored_as)
+                held[serial].drop(start, keep, decision.held.get(serial))
+        return PrunedChunk(k, v, decision.keep, self._stored_as, decision.held.get(self.committed))
 
     def _settle(self) -> None:
         """Compress the exact tokens that fell out of each method's residual (newest tokens)."""
@@ -480,6 +485,10 @@ class ChunkKVCache:
         any_step = self.spec.bias_only or any(t.quantized for t in keys)
         step = torch.cat(steps, dim=-2) if any_step and self.spec.key is not None else None
         view = CachedKV(k, v, step, rotation)
+        if self.spec.bias_only:
+            view.steps_fp8 = all(c.bias_fp8 for c in chunks if c.bias_step is not None)
+        else:
+            view.steps_fp8 = all(t.steps_fp8 for t in keys if t.quantized)
         if step is not None and self._models_noise:
             self._attach_noise(view, [signed_terms(t, groups, self._rule) for t in keys])
         if all(c.ref is not None for c in chunks):
@@ -513,7 +522,7 @@ class ChunkKVCache:
         if moved:
             raise ValueError(f"chunk {moved[0]} is stored post-RoPE: it cannot be re-placed")
         at = [positions.get(c.serial, c.position) for c in chunks]
-        bounds = torch.tensor([0, *(c.length for c in chunks)]).cumsum(0).tolist()
+        bounds = list(itertools.accumulate((c.length for c in chunks), initial=0))
 
         def rotated(x: torch.Tensor) -> torch.Tensor:
             parts = [
@@ -528,8 +537,8 @@ class ChunkKVCache:
         step = view.k_step
         noisy = (
             step is not None
-            and any(  # rotated keys with a nonzero step (else no noise)
-                p is not None and bool(step[..., a:b, :].any())
+            and any(  # rotated keys with a nonzero step (else no noise; read on a CPU only)
+                p is not None and maybe_any(step[..., a:b, :])
                 for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
             )
         )
@@ -556,6 +565,10 @@ class ChunkKVCache:
         step = torch.cat(steps, dim=-2) if quantized else None
         rotation = next((r for r in rotations if r is not None), None)
         view = CachedKV(torch.cat(k, -2), torch.cat(v, -2), step, rotation)
+        sinks = [c.sides["key"].stored(groups) for c in chunks if c.pruned is None]
+        view.steps_fp8 = all(c.pruned.steps_fp8 for c in chunks if c.pruned is not None) and all(
+            t.steps_fp8 for t in sinks if t.quantized
+        )
         counts = torch.cat(valid, dim=-1)
         view.valid = counts > 0
         if any(c.pruned is not None and c.pruned.repeated for c in chunks):

@@ -11,6 +11,13 @@ Forcing-KV's upstream attends some tokens twice); the token is stored once and i
 the count (``copies``, uint8), which attention turns into ``ln count`` on the score
 (:func:`~jbkv_cli.attention.attend.key_mask`). ``nbytes`` counts the stored tensors, the
 positions and the counts.
+
+**Off the CPU** how many tokens a lane keeps is a host read (``nonzero`` is a shape read from
+the values), so a lane is stored at a *capacity* instead: the bound the pruner states without
+reading its masks (:attr:`~jbkv_cli.prune.base.Decision.held`). Its kept tokens come first
+(ascending), then dropped ones as padding; ``copies`` always holds the counts (0: padding) and
+counts in the bytes, which are the bytes held: the kept tokens, the padding and the counts. A
+padded lane reads back the same as an exact one (zeros where dropped). On a CPU lanes are exact.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from jbkv_cli.quant.tensor import (
     signed_terms,
 )
 from jbkv_cli.quant.turboquant import TurboQuantMSETensor, TurboQuantProdTensor
+from jbkv_cli.utils.host_reads import maybe_any, on_host
 
 Store = Callable[[Role, torch.Tensor], QuantizedTensor]
 """``store(role, x [n, D])``: how the cache stores kept tokens (a method, or exactly)."""
@@ -90,20 +98,33 @@ def _index_dtype(length: int) -> torch.dtype:
 
 
 def repeats(count: torch.Tensor) -> torch.Tensor | None:
-    """``count`` as a lane's ``copies`` (uint8), or None when no token is held twice."""
-    return count.to(torch.uint8) if bool((count > 1).any()) else None
+    """``count`` as a lane's ``copies`` (uint8), or None when no token is held twice (read on a
+    CPU only: elsewhere the counts are kept)."""
+    return count.to(torch.uint8) if maybe_any(count > 1) else None
+
+
+def held_first(count: torch.Tensor, capacity: int | None) -> torch.Tensor:
+    """The positions a lane stores of ``count [n]`` (0: dropped): on a CPU the held ones,
+    ascending; elsewhere ``capacity`` of them (the whole lane for None), the held ones first
+    (module docstring), with no host read."""
+    if on_host(count):
+        return (count > 0).nonzero().flatten()
+    n = count.numel() if capacity is None else min(capacity, count.numel())
+    return torch.argsort((count == 0).to(torch.uint8), stable=True)[:n]
 
 
 @dataclass
 class Lane:
     """One (batch, KV head)'s kept tokens of a chunk: ``index [n]`` ascending positions,
     ``k``/``v`` ``[n, D]`` as stored (None when nothing is kept), ``copies [n]`` how many
-    times attention reads each (None: once each)."""
+    times attention reads each (None: once each). ``padded``: stored at a capacity (off the
+    CPU, module docstring): kept positions first, then dropped ones with count 0."""
 
     index: torch.Tensor
     k: QuantizedTensor | None
     v: QuantizedTensor | None
     copies: torch.Tensor | None = None
+    padded: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -118,14 +139,21 @@ class Lane:
             return self.copies
         return torch.ones(self.index.shape, dtype=torch.uint8, device=self.index.device)
 
-    def drop(self, start: int, keep: torch.Tensor) -> None:
+    def drop(self, start: int, keep: torch.Tensor, capacity: int | None = None) -> None:
         """Apply ``keep`` (bool or counts) to the tokens at positions ``start + j``: a token
-        with ``keep[j]`` 0 is removed, another is read ``keep[j]`` times."""
+        with ``keep[j]`` 0 is removed, another is read ``keep[j]`` times (``capacity``: the
+        most tokens the lane holds after it, for a padded lane)."""
+        if keep.numel() == 0:
+            return
         pos = self.index.long()
-        inside = (pos >= start) & (pos < start + keep.numel())
-        count = self.counts().clone()
-        count[inside] = keep[(pos[inside] - start).to(keep.device)].to(count)
-        rows = (count > 0).nonzero().flatten()
+        rel = pos - start
+        inside = (rel >= 0) & (rel < keep.numel())
+        new = keep.to(pos.device)[rel.clamp(0, keep.numel() - 1)].to(torch.uint8)
+        count = torch.where(inside, new, self.counts())
+        rows = held_first(count, capacity)
+        if self.padded and rows.numel() == pos.numel():  # no smaller capacity: same slots
+            self.copies = count
+            return
         self.copies = repeats(count[rows])
         if rows.numel() == pos.numel():
             return
@@ -143,37 +171,47 @@ class PrunedChunk:
     (bool, or how many times each is read); ``store`` stores the kept tokens of a lane per role.
     """
 
-    def __init__(self, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, store: Store):
+    def __init__(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        keep: torch.Tensor,
+        store: Store,
+        held: tuple[int, ...] | None = None,
+    ):
         self.shape, self.dtype, self.device = k.shape, k.dtype, k.device
         dtype = _index_dtype(k.shape[-2])
+        padded = not on_host(keep)
         self.lanes: list[list[Lane]] = []
         for b in range(k.shape[0]):
             row = []
             for h in range(k.shape[1]):
-                index = keep[b, h].nonzero().flatten()
+                count = keep[b, h].to(torch.uint8)
+                index = held_first(count, None if held is None else held[h])
                 kept = [x[b, h].index_select(0, index) for x in (k, v)]
                 stored = (
                     [store(r, x) for r, x in zip(ROLES, kept, strict=True)] if len(index) else []
                 )
-                lane = Lane(index.to(dtype), *(stored or (None, None)))
-                lane.copies = repeats(keep[b, h][index])
+                lane = Lane(index.to(dtype), *(stored or (None, None)), padded=padded)
+                lane.copies = count[index] if padded else repeats(keep[b, h][index])
                 row.append(lane)
             self.lanes.append(row)
 
-    def drop(self, start: int, keep: torch.Tensor) -> None:
-        """Apply a later decision on positions ``start ..`` (``keep [B, Hkv, n]``)."""
+    def drop(self, start: int, keep: torch.Tensor, held: tuple[int, ...] | None = None) -> None:
+        """Apply a later decision on positions ``start ..`` (``keep [B, Hkv, n]``; ``held``:
+        per KV head the most tokens a lane holds after it, :attr:`Decision.held`)."""
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
-                lane.drop(start, keep[b, h])
+                lane.drop(start, keep[b, h], None if held is None else held[h])
 
     @property
     def counts(self) -> torch.Tensor:
         """``uint8 [B, Hkv, L]``: how many times attention reads each token (0: dropped)."""
-        count = torch.zeros(self.shape[:-1], dtype=torch.uint8)
+        count = torch.zeros(self.shape[:-1], dtype=torch.uint8, device=self.device)
         for b, row in enumerate(self.lanes):
             for h, lane in enumerate(row):
-                count[b, h, lane.index.long()] = lane.counts().cpu()
-        return count.to(self.device)
+                count[b, h, lane.index.long()] = lane.counts()
+        return count
 
     @property
     def kept(self) -> torch.Tensor:
@@ -186,8 +224,15 @@ class PrunedChunk:
         return any(lane.copies is not None for row in self.lanes for lane in row)
 
     @property
+    def steps_fp8(self) -> bool:
+        """Every kept key's steps are FP8 values by format (QuantizedTensor.steps_fp8)."""
+        keys = [lane.k for row in self.lanes for lane in row if lane.k is not None]
+        return all(t.steps_fp8 for t in keys if t.quantized)
+
+    @property
     def num_kept(self) -> int:
-        """Tokens held over every (batch row, KV head)."""
+        """Tokens held over every (batch row, KV head) (off the CPU: the slots, padding
+        included)."""
         return sum(len(lane.index) for row in self.lanes for lane in row)
 
     @property
@@ -219,10 +264,11 @@ class PrunedChunk:
                 if lane.k is None:
                     continue
                 pos = lane.index.long().to(self.device)
-                k[b, h, pos] = lane.k.dequantize().to(self.dtype)
-                v[b, h, pos] = lane.v.dequantize().to(self.dtype)
+                held = (lane.counts() > 0).unsqueeze(-1) if lane.padded else None
+                k[b, h, pos] = _rows(lane.k.dequantize().to(self.dtype), held, self.device)
+                v[b, h, pos] = _rows(lane.v.dequantize().to(self.dtype), held, self.device)
                 if lane.k.step is not None:
-                    step[b, h, pos] = lane.k.step.to(self.device)
+                    step[b, h, pos] = _rows(lane.k.step, held, self.device)
                     rotation = rotation or lane.k.rotation
                 if not noise:
                     continue
@@ -230,7 +276,14 @@ class PrunedChunk:
                 if lane_var is None or var is None:
                     var = None  # mixed noise not measured: the signed correction refuses
                     continue
-                var[b, h, pos] = lane_var.to(self.device)
+                var[b, h, pos] = _rows(lane_var, held, self.device)
                 if lane_u is not None:
-                    gain[b, h, pos], shrinks = lane_u.to(self.device), True
+                    gain[b, h, pos], shrinks = _rows(lane_u, held, self.device, 1.0), True
         return k, v, step, rotation, (var, gain if shrinks else None) if noise else None
+
+
+def _rows(x: torch.Tensor, held: torch.Tensor | None, device, empty: float = 0.0) -> torch.Tensor:
+    """A lane's rows on ``device``, ``empty`` on a padded lane's padding (``held`` False): a
+    dropped token reads as it does from an exact lane."""
+    x = x.to(device)
+    return x if held is None else torch.where(held, x, empty)

@@ -98,6 +98,10 @@ class SpanSlice(QuantizedTensor):
         return self._tokens(self.span.tensor.step)
 
     @property
+    def steps_fp8(self) -> bool:
+        return self.span.tensor.steps_fp8
+
+    @property
     def noise_step2(self) -> torch.Tensor | None:
         """The span's noise model (the signed correction's ``w``; QVG's κ is measured over the
         whole span at compression) on this chunk's tokens."""

@@ -11,7 +11,7 @@ rest. A pruner owns its name, validation, label and variant-id part, and builds 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -49,10 +49,17 @@ class Decision:
     dropped; Forcing-KV's upstream holds some tokens twice). ``settled``: tokens of chunks
     committed earlier that are decided now, as ``(serial, start, keep [B, Hkv, n])`` for
     positions ``start .. start + n`` of that chunk (bool or counts, as ``keep``).
+
+    ``held``: per chunk serial (the new chunk's and each settled chunk's), per KV head, the most
+    tokens of that chunk any batch row holds after this decision, known without reading
+    ``keep`` (the pruner's own bookkeeping); off the CPU the cache stores each lane at that
+    capacity, since the kept count itself is a host read (:mod:`jbkv_cli.kvcache.pruned`). A
+    chunk left out: its whole length.
     """
 
     keep: torch.Tensor
     settled: list[tuple[int, int, torch.Tensor]]
+    held: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

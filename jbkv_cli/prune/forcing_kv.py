@@ -116,6 +116,7 @@ from jbkv_cli.prune.base import Decision, KVPruner
 from jbkv_cli.prune.forcing_kv_history import percent_id
 from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
 from jbkv_cli.utils.fields import option
+from jbkv_cli.utils.host_reads import device_copy
 
 UPSTREAM_PATCHES = 6  # num_frame_patch of the Self-Forcing config
 MAX_FRAMES = 1024
@@ -150,11 +151,16 @@ def patch_scores(chain: torch.Tensor, patches: int) -> torch.Tensor:
     return cos.unflatten(-1, (patches, -1)).mean(-1)
 
 
+def least_similar_index(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` lowest of ``scores [F, P]`` as flat indices ``j · P + p`` (int64, on the scores'
+    device, lowest first; ties: the earlier index; upstream M:296-299). No host read: the
+    selection stays a tensor (n, a Python int, is its shape)."""
+    return torch.argsort(scores.flatten(), stable=True)[:n]
+
+
 def least_similar(scores: torch.Tensor, n: int) -> list[int]:
-    """The ``n`` lowest of ``scores [F, P]`` as ascending flat indices ``j · P + p`` (ties: the
-    earlier index; upstream M:296-299)."""
-    order = torch.argsort(scores.flatten(), stable=True)[:n]
-    return sorted(order.tolist())
+    """:func:`least_similar_index` as ascending Python ints (a host read: for inspection)."""
+    return sorted(least_similar_index(scores, n).tolist())
 
 
 # --- the state shared by a model's layers -------------------------------------------------------
@@ -163,20 +169,37 @@ def least_similar(scores: torch.Tensor, n: int) -> list[int]:
 @dataclass
 class SharedSelection:
     """The patches the deciding layer chose for the chunk it committed last, read by the later
-    layers committing the same chunk (upstream's class attributes, M:185-186, 304-308)."""
+    layers committing the same chunk (upstream's class attributes, M:185-186, 304-308): the
+    candidate frames and the chosen flat indices ``j · P + p`` into them (a tensor on the
+    device, :func:`least_similar_index`; None: no buffer this chunk)."""
 
     serial: int | None = None
-    picks: list[tuple[FrameId, int]] = field(default_factory=list)
+    candidates: list[FrameId] = field(default_factory=list)
+    picks: torch.Tensor | None = None
 
-    def publish(self, serial: int, picks: list[tuple[FrameId, int]]) -> None:
-        self.serial, self.picks = serial, picks
+    def publish(self, serial: int, candidates: list[FrameId], picks: torch.Tensor | None) -> None:
+        self.serial, self.candidates, self.picks = serial, candidates, picks
 
-    def read(self, serial: int, layer: int) -> list[tuple[FrameId, int]]:
+    def read(self, serial: int, layer: int) -> tuple[list[FrameId], torch.Tensor | None]:
         if self.serial != serial:
             raise RuntimeError(
                 f"forcing-kv: layer {layer} committed chunk {serial} before the deciding layer"
             )
-        return self.picks
+        return self.candidates, self.picks
+
+
+@dataclass
+class Marks:
+    """What makes a frame's mask, known without reading it: per KV head the rings holding the
+    frame whole, and the chunk whose buffer selection may hold some of its patches (None: no
+    selection reads it). Two frames with equal marks have equal masks."""
+
+    whole: list[int]
+    picked: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return any(self.whole) or self.picked is not None
 
 
 @dataclass(frozen=True)
@@ -214,7 +237,12 @@ class Budget:
 
 class ForcingKVLayer:
     """The decisions for one layer's cache (see the module docstring). ``kinds`` per KV head
-    (``unsplit`` at layer 0); ``decides``: this layer computes the shared selection."""
+    (``unsplit`` at layer 0); ``decides``: this layer computes the shared selection.
+
+    Every decision is made without a host read: the masks are tensors built from Python
+    bookkeeping (:class:`Marks`: which ring holds a frame, which buffer selection may) and the
+    buffer's selection, a tensor of patch indices whose count is a shape; which earlier frames
+    changed is read from the marks, not from the masks."""
 
     def __init__(
         self,
@@ -231,12 +259,21 @@ class ForcingKVLayer:
         self.decides = decides
         self.static = [h for h, k in enumerate(self.kinds) if k == "static"]
         self.dynamic = [h for h, k in enumerate(self.kinds) if k == "dynamic"]
+        # the same, to index with (copied to the device once: host_reads.device_copy)
+        self._heads = {
+            "static": torch.tensor(self.static, dtype=torch.long),
+            "dynamic": torch.tensor(self.dynamic, dtype=torch.long),
+        }
         # the deciding layer of a model whose layer 1 has no dynamic head uses its own dynamic
         # heads; every deciding layer has one (ForcingKV.plans)
         self.chunk_frames: int | None = None
         self.history: list[FrameId] = []  # frames after the sink, oldest first (at most H)
         self.kept: dict[FrameId, torch.Tensor] = {}  # [Hkv, T] counts, frames after the sink
+        self.marks: dict[FrameId, Marks] = {}  # what made each of those masks
         self.ring_keys: dict[FrameId, torch.Tensor] = {}  # deciding layer: [T, X], batch 0
+
+    def _index(self, kind: str, device: torch.device) -> torch.Tensor:
+        return device_copy(self._heads[kind], device)
 
     # -- the protocol ----------------------------------------------------------------------------
 
@@ -257,11 +294,11 @@ class ForcingKVLayer:
                 f"forcing-kv: a chunk of {c} frames after chunks of {self.chunk_frames}"
             )
         new = [(serial, f) for f in range(c)]
-        sink = [serial * c + f < bud.sink_size for f in range(c)]
+        sink = [self._sink(fid) for fid in new]
         post = [fid for fid, is_sink in zip(new, sink, strict=True) if not is_sink]
         before = self.history
         history = (before + post)[-bud.history :]
-        now = self._kept_after(serial, before, post, history, k)
+        now, marks = self._kept_after(serial, before, post, history, k)
         keep = torch.zeros(h, length, dtype=torch.uint8, device=k.device)
         for f, fid in enumerate(new):
             if sink[f]:
@@ -270,19 +307,21 @@ class ForcingKVLayer:
                 keep[:, f * t : (f + 1) * t] = now[fid]
         settled = []
         for fid, was in self.kept.items():
-            mask = now.get(fid)
-            if mask is None or not torch.equal(mask, was):
+            if marks.get(fid) != self.marks[fid]:  # equal marks: an equal mask
+                mask = now.get(fid)
                 mask = torch.zeros_like(was) if mask is None else mask
                 settled.append((fid[0], fid[1] * t, mask.expand(b, -1, -1)))
-        self.kept, self.history = now, history
+        self.kept, self.marks, self.history = now, marks, history
         if self.decides:  # the ring's exact keys, for the next chunk's comparison
             ring = history[-bud.temporal :]
             self.ring_keys = {fid: self._key(fid, serial, k).clone() for fid in ring}
-        return Decision(keep.expand(b, -1, -1), settled)
+        touched = {serial} | {s for s, _, _ in settled}
+        return Decision(keep.expand(b, -1, -1), settled, {s: self._held(s) for s in touched})
 
     def forget(self, serials: set[int]) -> None:
         self.history = [fid for fid in self.history if fid[0] not in serials]
         self.kept = {fid: m for fid, m in self.kept.items() if fid[0] not in serials}
+        self.marks = {fid: m for fid, m in self.marks.items() if fid[0] not in serials}
         self.ring_keys = {fid: x for fid, x in self.ring_keys.items() if fid[0] not in serials}
 
     def nbytes_by_kind(self) -> dict[str, int]:
@@ -292,6 +331,28 @@ class ForcingKVLayer:
 
     # -- the rules -------------------------------------------------------------------------------
 
+    def _sink(self, fid: FrameId) -> bool:
+        return fid[0] * self.chunk_frames + fid[1] < self.budget.sink_size
+
+    def _held(self, serial: int) -> tuple[int, ...]:
+        """Per KV head, the most tokens of chunk ``serial`` a batch row holds (for
+        :attr:`Decision.held`): sink frames and frames a ring holds whole, and of a frame the
+        buffer selection may read, the selection's tokens (all in that frame at most)."""
+        bud, t = self.budget, self.budget.frame_tokens
+        size = t // bud.patches
+        chosen = kept_patches(self.chunk_frames * bud.patches, bud.ratio)
+        buffer = min(t, chosen * size)
+        out = [0] * len(self.kinds)
+        for f in range(self.chunk_frames):
+            fid = (serial, f)
+            marks = self.marks.get(fid)
+            for head in range(len(out)):
+                if self._sink(fid) or (marks is not None and marks.whole[head]):
+                    out[head] += t
+                elif marks is not None and marks.picked is not None and head in self.dynamic:
+                    out[head] += buffer
+        return tuple(out)
+
     def _kept_after(
         self,
         serial: int,
@@ -299,50 +360,72 @@ class ForcingKVLayer:
         post: list[FrameId],
         history: list[FrameId],
         k: torch.Tensor,
-    ) -> dict[FrameId, torch.Tensor]:
+    ) -> tuple[dict[FrameId, torch.Tensor], dict[FrameId, Marks]]:
         """``{frame: uint8 [Hkv, T]}``: how many times each head holds each token after the
         sink after this commit — once in a ring, once more in the buffer (twice when a
-        candidate stays in the ring, as upstream's ``cat[sink, buffer, ring, cur]``); frames
-        holding none are absent."""
+        candidate stays in the ring, as upstream's ``cat[sink, buffer, ring, cur]``) — and the
+        frames' :class:`Marks`; frames no ring and no buffer selection holds are absent."""
         bud, t, h = self.budget, self.budget.frame_tokens, len(self.kinds)
         now: dict[FrameId, torch.Tensor] = {}
+        marks: dict[FrameId, Marks] = {}
 
-        def mark(fid: FrameId, heads: list[int] | slice, tokens: slice = slice(None)) -> None:
-            mask = now.setdefault(fid, torch.zeros(h, t, dtype=torch.uint8, device=k.device))
-            mask[heads, tokens] += 1
+        def frame(fid: FrameId) -> tuple[torch.Tensor, Marks]:
+            if fid not in now:
+                now[fid] = torch.zeros(h, t, dtype=torch.uint8, device=k.device)
+                marks[fid] = Marks([0] * h)
+            return now[fid], marks[fid]
+
+        def whole(fid: FrameId, kind: str | None) -> None:
+            heads = range(h) if kind is None else getattr(self, kind)
+            if not heads:
+                return
+            mask, held = frame(fid)
+            mask[slice(None) if kind is None else self._index(kind, k.device)] += 1
+            for head in heads:
+                held.whole[head] += 1
 
         if self.layer == 0 or serial < bud.ar_start:  # unsplit: sink + H frames, every head
             for fid in history:
-                mark(fid, slice(None))
-            return now
+                whole(fid, None)
+            return now, marks
         for fid in history[-bud.spatial :] if bud.spatial else ():
-            mark(fid, self.static)
+            whole(fid, "static")
         for fid in history[-bud.temporal :]:
-            mark(fid, self.dynamic)
+            whole(fid, "dynamic")
         if serial > bud.ar_start:  # the buffer, overwritten (chunk ar_start splits only)
-            size = t // bud.patches
-            for fid, p in self._picks(serial, before[-bud.temporal :], post, k):
-                mark(fid, self.dynamic, slice(p * size, (p + 1) * size))
-        now = {fid: m for fid, m in now.items() if m.any()}
-        return now
+            candidates, picks = self._picks(serial, before[-bud.temporal :], post, k)
+            if picks is not None and self.dynamic:
+                size = t // bud.patches
+                chosen = torch.zeros(
+                    len(candidates) * bud.patches, dtype=torch.uint8, device=k.device
+                )
+                chosen.index_fill_(0, picks, 1)
+                tokens = chosen.view(len(candidates), -1).repeat_interleave(size, dim=-1)
+                dynamic = self._index("dynamic", k.device)
+                for j, fid in enumerate(candidates):
+                    mask, held = frame(fid)
+                    mask[dynamic] += tokens[j]
+                    held.picked = serial
+        return now, marks
 
     def _picks(
         self, serial: int, ring: list[FrameId], post: list[FrameId], k: torch.Tensor
-    ) -> list[tuple[FrameId, int]]:
-        """The buffer's patches for this chunk: computed by the deciding layer, read by the
-        others (M:285-310)."""
+    ) -> tuple[list[FrameId], torch.Tensor | None]:
+        """The buffer's candidate frames and chosen patches for this chunk (flat indices into
+        the candidates' patches): computed by the deciding layer, read by the others
+        (M:285-310)."""
         if not self.decides:
-            return self.shared.read(serial, self.layer) if self.dynamic else []
+            return self.shared.read(serial, self.layer) if self.dynamic else ([], None)
         c, bud = self.chunk_frames, self.budget
         seq = ring + post
-        picks: list[tuple[FrameId, int]] = []
+        candidates: list[FrameId] = []
+        picks = None
         if ring and len(seq) > c:
             chain = torch.stack([self._key(fid, serial, k) for fid in seq[: c + 1]])
             n = kept_patches(c * bud.patches, bud.ratio)
-            for i in least_similar(patch_scores(chain, bud.patches), n):
-                picks.append((seq[i // bud.patches], i % bud.patches))
-        self.shared.publish(serial, picks)
-        return picks
+            candidates, picks = seq[:c], least_similar_index(patch_scores(chain, bud.patches), n)
+        self.shared.publish(serial, candidates, picks)
+        return candidates, picks
 
     def _key(self, fid: FrameId, serial: int, k: torch.Tensor) -> torch.Tensor:
         """``[T, X]``: frame ``fid``'s keys of this layer's dynamic heads, batch 0, flattened
@@ -350,7 +433,7 @@ class ForcingKVLayer:
         if fid[0] != serial:
             return self.ring_keys[fid]
         t = self.budget.frame_tokens
-        x = k[0, self.dynamic, fid[1] * t : (fid[1] + 1) * t]  # [Hd, T, D]
+        x = k[0, self._index("dynamic", k.device), fid[1] * t : (fid[1] + 1) * t]  # [Hd, T, D]
         return x.transpose(0, 1).flatten(1)
 
 

@@ -77,6 +77,7 @@ import torch.nn.functional as F
 from jbkv_cli.prune.base import Decision, KVPruner
 from jbkv_cli.prune.profile import HeadProfile, default_profile_path, load_profile, read_profile
 from jbkv_cli.utils.fields import option
+from jbkv_cli.utils.host_reads import device_copy
 
 DEFAULT_SEGMENTS = 8
 DEFAULT_RETENTION = 0.33
@@ -98,10 +99,11 @@ def segment_ids(frame_tokens: int, segments: int) -> torch.Tensor:
     return torch.cat([torch.full((len(p),), i) for i, p in enumerate(parts)])
 
 
-def segment_means(k: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Mean key per segment: ``[..., F·T, D] -> [..., F, S, D]`` (float32)."""
-    segments = int(ids.max()) + 1
-    onehot = F.one_hot(ids.to(k.device), segments).float()  # [T, S]
+def segment_means(k: torch.Tensor, ids: torch.Tensor, segments: int | None = None) -> torch.Tensor:
+    """Mean key per segment: ``[..., F·T, D] -> [..., F, S, D]`` (float32); ``segments``: ``S``
+    (default: read from ``ids``, a CPU tensor)."""
+    segments = int(ids.max()) + 1 if segments is None else segments
+    onehot = F.one_hot(device_copy(ids, k.device), segments).float()  # [T, S]
     frames = k.float().unflatten(-2, (-1, ids.numel()))  # [..., F, T, D]
     return torch.einsum("...td,ts->...sd", frames, onehot / onehot.sum(0))
 
@@ -111,10 +113,14 @@ def segment_similarity(frame: torch.Tensor, successor: torch.Tensor) -> torch.Te
     return F.cosine_similarity(frame, successor, dim=-1)
 
 
+def changed_count(segments: int, retention: float) -> int:
+    """``⌈retention · S⌉`` (at most ``S``): the segments a dynamic head keeps of a frame."""
+    return min(segments, math.ceil(retention * segments - 1e-9))
+
+
 def changed_segments(similarity: torch.Tensor, retention: float) -> torch.Tensor:
     """``bool [..., S]``: the ``⌈retention · S⌉`` least similar segments (ties: the earlier)."""
-    s = similarity.shape[-1]
-    n = min(s, math.ceil(retention * s - 1e-9))
+    n = changed_count(similarity.shape[-1], retention)
     order = torch.argsort(similarity, dim=-1, stable=True)[..., :n]
     return torch.zeros_like(similarity, dtype=torch.bool).scatter_(-1, order, True)
 
@@ -140,8 +146,15 @@ class ForcingKVHistoryLayer:
         self.anchor_frames = anchor_frames
         self.retention = retention
         self.ids = segment_ids(frame_tokens, segments)
+        self.segments = segments
         self.dynamic = [h for h, kind in enumerate(self.kinds) if kind == "dynamic"]
+        self._dynamic = torch.tensor(self.dynamic, dtype=torch.long)  # the same, to index with
         self._pending: list[tuple[int, int, torch.Tensor]] = []  # (serial, frame, means)
+        self._frames: dict[int, int] = {}  # frames of each chunk held (for Decision.held)
+        # the most tokens a dynamic head keeps of a decided frame: its longest segments
+        base, longer = divmod(frame_tokens, segments)  # segment_ids: the first `longer` +1
+        kept = changed_count(segments, retention)
+        self.decided_tokens = kept * base + min(kept, longer)
 
     def commit(self, serial: int, k: torch.Tensor) -> Decision:
         """Decide on chunk ``serial``'s keys ``[B, Hkv, L, D]`` and on the frames that leave
@@ -152,7 +165,8 @@ class ForcingKVHistoryLayer:
             raise ValueError(f"the head profile has {len(self.kinds)} KV heads, the chunk {h}")
         if length % t:
             raise ValueError(f"a chunk of {length} tokens is not whole frames of {t} tokens")
-        means = segment_means(k[:, self.dynamic], self.ids)  # [B, Hd, F, S, D]
+        dynamic = device_copy(self._dynamic, k.device)
+        means = segment_means(k[:, dynamic], self.ids, self.segments)  # [B, Hd, F, S, D]
         frames = [*self._pending, *((serial, f, means[:, :, f]) for f in range(length // t))]
         leaving = max(0, len(frames) - self.anchor_frames)
         keep = torch.ones(b, h, length, dtype=torch.bool, device=k.device)
@@ -161,16 +175,31 @@ class ForcingKVHistoryLayer:
             frame_keep = torch.zeros(b, h, t, dtype=torch.bool, device=k.device)
             if self.dynamic:
                 sim = segment_similarity(m, frames[i + 1][2])
-                frame_keep[:, self.dynamic] = changed_segments(sim, self.retention)[..., self.ids]
+                changed = changed_segments(sim, self.retention)
+                frame_keep[:, dynamic] = changed[..., device_copy(self.ids, k.device)]
             if s == serial:
                 keep[..., f * t : (f + 1) * t] = frame_keep
             else:
                 settled.append((s, f * t, frame_keep))
         self._pending = frames[leaving:]
-        return Decision(keep, settled)
+        self._frames[serial] = length // t
+        touched = {serial} | {s for s, _, _ in settled}
+        return Decision(keep, settled, {s: self._held(s) for s in touched})
+
+    def _held(self, serial: int) -> tuple[int, ...]:
+        """Per KV head, the most tokens of chunk ``serial`` a batch row holds: its undecided
+        frames whole, of each decided one a dynamic head's kept segments (a static head none)."""
+        pending = sum(1 for s, _, _ in self._pending if s == serial)
+        decided = self._frames[serial] - pending
+        dynamic = set(self.dynamic)
+        return tuple(
+            pending * self.frame_tokens + decided * (self.decided_tokens if h in dynamic else 0)
+            for h in range(len(self.kinds))
+        )
 
     def forget(self, serials: set[int]) -> None:
         self._pending = [p for p in self._pending if p[0] not in serials]
+        self._frames = {s: n for s, n in self._frames.items() if s not in serials}
 
     def nbytes_by_kind(self) -> dict[str, int]:
         """The segment means of undecided anchor frames (dynamic heads only)."""

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from jbkv_cli.utils.host_reads import require
+
 STEP_DTYPE = torch.float8_e4m3fn
 ZERO_DTYPE = torch.bfloat16
 FP8_MAX = 448.0
@@ -66,14 +68,20 @@ def round_down_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.where(away, truncated + 0x10000, truncated).view(torch.float32).to(ZERO_DTYPE)
 
 
+def _check_fp8(step: torch.Tensor) -> None:
+    """``ValueError`` (:func:`~jbkv_cli.utils.host_reads.require`) when a step exceeds FP8."""
+    worst = step.max() if step.numel() else step.new_zeros(())
+    require(
+        worst <= FP8_MAX,
+        "a group's step {value:.4g} exceeds the FP8 E4M3 maximum "
+        f"{FP8_MAX}: its range is too large to quantize with FP8 scales",
+        worst,
+    )
+
+
 def round_up_fp8(step: torch.Tensor) -> torch.Tensor:
     """The smallest FP8 E4M3 value ``≥ step`` for ``0 ≤ step ≤ 448``, as FP8; 0 stays 0."""
-    if bool((step > FP8_MAX).any()):
-        worst = float(step.max())
-        raise ValueError(
-            f"a group's step {worst:.4g} exceeds the FP8 E4M3 maximum {FP8_MAX}: "
-            "its range is too large to quantize with FP8 scales"
-        )
+    _check_fp8(step)
     nearest = step.to(STEP_DTYPE)
     short = nearest.float() < step
     bumped = (nearest.view(torch.uint8) + short.to(torch.uint8)).view(STEP_DTYPE)
@@ -83,8 +91,7 @@ def round_up_fp8(step: torch.Tensor) -> torch.Tensor:
 def round_nearest_fp8(step: torch.Tensor) -> torch.Tensor:
     """The nearest FP8 E4M3 value to ``step`` (``0 ≤ step ≤ 448``); a positive step that would
     round to 0 keeps the smallest subnormal 2⁻⁹, so the group keeps a usable grid."""
-    if bool((step > FP8_MAX).any()):
-        return round_up_fp8(step)  # raises the same ValueError
+    _check_fp8(step)
     nearest = step.to(STEP_DTYPE)
     return torch.where((nearest.float() == 0) & (step > 0), FP8_MIN_STEP, nearest.float()).to(
         STEP_DTYPE
@@ -98,8 +105,10 @@ def round_fp16(x: torch.Tensor, up: bool) -> torch.Tensor:
     miss = near.float() < x if up else near.float() > x
     toward = torch.full_like(near, float("inf") if up else float("-inf"))
     out = torch.where(miss, torch.nextafter(near, toward), near)
-    if not bool(torch.isfinite(out).all()):
-        raise ValueError(f"a group's minimum or step exceeds the FP16 range (±{FP16_MAX:g})")
+    require(
+        torch.isfinite(out).all(),
+        f"a group's minimum or step exceeds the FP16 range (±{FP16_MAX:g})",
+    )
     return out
 
 

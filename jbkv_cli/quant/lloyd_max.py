@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from jbkv_cli.utils.host_reads import device_copy
 
 DISTRIBUTIONS = ("beta", "gaussian")
 GRID_POINTS = 40_001
@@ -59,14 +61,14 @@ class Codebook:
     cell_prob: torch.Tensor
     cell_var: torch.Tensor
     rounds: int
+    mse: float = field(init=False)  # read once on the CPU, where the codebook is made
 
-    @property
-    def mse(self) -> float:
-        return float((self.cell_prob * self.cell_var).sum())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mse", float((self.cell_prob * self.cell_var).sum()))
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Codes (uint8) of ``x``: the index of the nearest centroid."""
-        bounds = self.boundaries.to(device=x.device, dtype=torch.float32)
+        bounds = device_copy(self.boundaries, x.device, torch.float32)
         return torch.searchsorted(bounds, x.float().contiguous()).to(torch.uint8)
 
 

@@ -20,6 +20,7 @@ from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
 from jbkv_cli.quant.queries import QueryStats
 from jbkv_cli.quant.tensor import ASSUMED, QuantizedTensor
 from jbkv_cli.utils.fields import check_fields, option
+from jbkv_cli.utils.host_reads import require
 
 Role = Literal["key", "value"]
 MAX_GROUP_SIZE = 4096
@@ -27,14 +28,14 @@ ROLES: tuple[Role, ...] = ("key", "value")
 
 
 def check_tensor(x: torch.Tensor, name: str = "x") -> None:
-    """Raise ``ValueError`` unless ``x`` is a finite floating tensor with at least 2 dims."""
+    """Raise ``ValueError`` unless ``x`` is a finite floating tensor with at least 2 dims (the
+    finite check without a host sync off the CPU: :mod:`jbkv_cli.utils.host_reads`)."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a floating-point tensor, got {kind}")
     if x.ndim < 2:
         raise ValueError(f"{name} must have shape [..., L, D], got {tuple(x.shape)}")
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{name} contains NaN or inf values")
+    require(torch.isfinite(x).all(), f"{name} contains NaN or inf values")
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,10 @@ class MeasuredNoise(QuantizedTensor):
         return self.inner.step
 
     @property
+    def steps_fp8(self) -> bool:
+        return self.inner.steps_fp8
+
+    @property
     def noise_step2(self) -> torch.Tensor:
         """``w = κ Δ²``: the excess variance (excess rule) or the unshrunk noise's variance
         (unshrink rule), per token and group."""

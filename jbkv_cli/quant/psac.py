@@ -14,7 +14,10 @@ queries (App. C.3; without history PSAC stores nothing)::
 Layout (App. D.1: each chunk takes the smaller): *dense*, every row (``[L, r]`` INT8 codes and
 ``[L]`` FP16 scales; a gated-off row stores scale 0), or *sparse*, the kept rows only with
 their token index (int16; int32 past 32,767 tokens) and a kept-row count per (batch, head)
-(int32). Bytes: dense ``N·L·(r + 2)``, sparse ``4N + n_kept·(r + 2 + index bytes)``.
+(int32). Bytes: dense ``N·L·(r + 2)``, sparse ``4N + n_kept·(r + 2 + index bytes)``. Choosing
+reads ``n_kept`` on the host and the sparse rows are a shape read from the gate, so off the
+CPU (where that read is a host sync per layer and chunk, :mod:`jbkv_cli.utils.host_reads`)
+every chunk is stored dense, and counted so: the same values, the bytes of the dense layout.
 
 **jbkv's addition: steps calibrated on the query history (not in the paper).** The
 correction's noise model is uniform rounding noise of step ``Δ_ij`` read by ``‖q_j‖²``. PSAC
@@ -35,6 +38,7 @@ import torch
 
 from jbkv_cli.quant.groupwise import round_fp16
 from jbkv_cli.quant.queries import QueryStats
+from jbkv_cli.utils.host_reads import on_host
 
 BASIS_DTYPE = torch.bfloat16
 NOISE_DTYPE = torch.bfloat16
@@ -157,6 +161,8 @@ def psac_rows(error: torch.Tensor, queries: QueryStats, rank: int, group_size: i
     codes = torch.where(keep.unsqueeze(-1), codes, torch.zeros_like(codes))
     scale = torch.where(keep, scale, torch.zeros_like(scale))
     noise = projected_noise_scale(sigma, basis, group_size).to(NOISE_DTYPE)
+    if not on_host(keep):  # off the CPU: dense (module docstring)
+        return PSACRows(basis, noise, codes, scale, length)
     sizes = layout_bytes(n, length, int(keep.sum()), rank)
     if sizes["sparse"] >= sizes["dense"]:
         return PSACRows(basis, noise, codes, scale, length)

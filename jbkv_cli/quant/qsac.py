@@ -15,8 +15,9 @@ at ≈2× the latency; ``benchmarks/methods.py`` measures it here).
 
 Clustering (jbkv's reading where the text read is silent): ``iters`` Lloyd rounds in the
 ``d_Q`` metric (assign to the nearest, update to the cluster means: the mean minimises the
-weighted squared distance channel by channel; an empty cluster keeps its centroid; stop early
-when no assignment changes), from ``K`` distinct tokens drawn by a seeded generator (as
+weighted squared distance channel by channel; an empty cluster keeps its centroid; all
+``iters`` rounds, no host read between them, with :mod:`~jbkv_cli.quant.kmeans`'s CPU-only early
+stop when no assignment changes, which gives the same result), from ``K`` distinct tokens drawn by a seeded generator (as
 ``qvg``); then the centroids are rounded to BF16 (as stored) and every token is assigned by
 Eq. 14 against the *stored* centroids, so its residual is taken against what is read back.
 
@@ -31,6 +32,8 @@ import torch
 from jbkv_cli.quant.kmeans import (
     CENTROID_DTYPE,
     DEFAULT_MAX_ELEMENTS,
+    Draws,
+    converged,
     init_centroids,
     update_centroids,
 )
@@ -135,19 +138,19 @@ def qsac_cluster(
     group_size: int,
     iters: int,
     candidates: int,
-    generator: torch.Generator,
+    draws: Draws,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """QSAC on rows ``x [N, L, D]``: ``(ids [N, L] int64, stored centroids [N, K, D] BF16)``
     (the module docstring's clustering, then Eq. 14 against the stored centroids)."""
     x = x.float()
     w = w.to(x.device).float()
-    cents = init_centroids(x, k, generator)
+    cents = init_centroids(x, k, draws)
     previous = None
     for _ in range(iters):
         ids, sums, counts = _lloyd_pass(x, cents, w, max_elements)
-        if previous is not None and torch.equal(ids, previous):
-            break  # converged: the means would equal the current centroids
+        if converged(ids, previous):
+            break  # the means would equal the current centroids
         cents = update_centroids(sums, counts, cents)
         previous = ids
     stored = cents.to(CENTROID_DTYPE)

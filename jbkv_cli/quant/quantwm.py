@@ -20,7 +20,8 @@ scores every centroid: Table 11, no gain at ≈ 2× the latency).
 **Keys — PSAC** (§3, Table 9, App. D.1; :mod:`jbkv_cli.quant.psac`): the key error left by the
 format, ``E``, projected on the ``r = 8`` leading eigenvectors ``U_r`` of ``M`` (Table 9; BF16),
 ``C = E U_rᵀ`` as INT8 codes with an FP16 scale per row, a row kept only where it lowers the
-query-weighted error, and per chunk the smaller of a dense and a sparse layout (App. D.1).
+query-weighted error, and per chunk the smaller of a dense and a sparse layout (App. D.1; off
+the CPU always dense, since choosing reads the kept rows on the host: :mod:`jbkv_cli.quant.psac`).
 
 **Values** follow the same reconstruction path without PSAC (App. D.1).
 
@@ -52,7 +53,7 @@ values ``b + (b + 8)/g + 16/(L·D) + 8/D + 16·K_eff/L``; keys add PSAC's dense 
 What remains different from the paper, or is jbkv's choice where the text read is silent:
 
 1. **QSAC's loop**: ``iters = 2`` Lloyd rounds in the ``d_Q`` metric (QVG's scripts' 2
-   iterations) from ``K`` distinct tokens drawn by a seeded generator, then Eq. 14 against the
+   iterations; all of them, no host read between rounds, :mod:`~jbkv_cli.quant.kmeans`) from ``K`` distinct tokens drawn by a seeded generator, then Eq. 14 against the
    BF16-rounded centroids; Eq. 14's ties go to the nearer by ``d_Q``.
 2. **Values** are clustered by Euclidean k-means (QSAC's weights measure the keys' logit error;
    the text does not weigh values by queries).
@@ -92,6 +93,7 @@ from jbkv_cli.quant.kmeans import (
     MAX_CENTROIDS,
     MAX_ITERS,
     MAX_TOKENS_PER_CENTROID,
+    Draws,
     capped_centroids,
     kmeans,
 )
@@ -206,11 +208,11 @@ class QuantWM(KVMethod):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, length, dim = rows.shape
         k = self.effective_centroids(length)
-        generator = torch.Generator().manual_seed(self.seed)
+        draws = Draws(self.seed)
         if role == "key" and self.qsac:
             w = channel_weights(queries, n, dim)
-            return qsac_cluster(rows, k, w, self.group_size, self.iters, self.candidates, generator)
-        ids, cents = kmeans(rows, k, self.iters, generator, DEFAULT_MAX_ELEMENTS)
+            return qsac_cluster(rows, k, w, self.group_size, self.iters, self.candidates, draws)
+        ids, cents = kmeans(rows, k, self.iters, draws, DEFAULT_MAX_ELEMENTS)
         return ids, cents.to(CENTROID_DTYPE)
 
     def _quantize(self, x: torch.Tensor, role: Role, queries: QueryStats) -> QuantizedTensor:

@@ -42,8 +42,10 @@ Choices where upstream or the paper leave room (the reasons we label it "after Q
   (with replacement, unseeded); jbkv draws ``K_eff`` distinct tokens with a ``torch.Generator``
   seeded by ``seed`` per chunk, so runs are deterministic.
 - **Iterations.** Default ``iters = 2``, as in upstream's Self-Forcing, HY-WorldPlay and
-  LingBot-v2 scripts (``kmeans_max_iters=2``); early stop when no assignment changes (upstream:
-  change rate below 1e-4).
+  LingBot-v2 scripts (``kmeans_max_iters=2``). Upstream stops early on a change rate below
+  1e-4 (a host read per round); jbkv runs all ``iters`` rounds with no host read, stopping
+  early only on a CPU when no assignment changes, which gives the same result
+  (:mod:`~jbkv_cli.quant.kmeans`).
 - **K rule** (``tokens_per_centroid`` None, the default). Upstream always uses K = 256
   (Self-Forcing: 8 chunks of 4,680 tokens share it, ≈146 tokens per centroid; LingBot-v2 per
   chunk, ≈18). Where a span holds ≥ 16·K tokens (every real model: one Self-Forcing chunk is
@@ -107,6 +109,7 @@ from jbkv_cli.quant.kmeans import (
     MAX_CENTROIDS,
     MAX_ITERS,
     MAX_TOKENS_PER_CENTROID,
+    Draws,
     kmeans,
 )
 from jbkv_cli.quant.method import MAX_GROUP_SIZE, KVMethod, Role
@@ -174,6 +177,10 @@ class QVGTensor(QuantizedTensor):
     @property
     def step(self) -> torch.Tensor:
         return self.scale.float()
+
+    @property
+    def steps_fp8(self) -> bool:
+        return self.scale.dtype == torch.float8_e4m3fn
 
     @property
     def stages(self) -> int:
@@ -285,10 +292,10 @@ class QVG(KVMethod):
         lead, (length, dim) = x.shape[:-2], x.shape[-2:]
         k = self.effective_centroids(length)
         residual = x.float().reshape(-1, length, dim)  # [N, L, D], N = batch · heads
-        generator = torch.Generator().manual_seed(self.seed)
+        draws = Draws(self.seed)
         ids, cents = [], []
         for _ in range(self.stages):
-            a, c = kmeans(residual, k, self.iters, generator, DEFAULT_MAX_ELEMENTS)
+            a, c = kmeans(residual, k, self.iters, draws, DEFAULT_MAX_ELEMENTS)
             stored = c.to(CENTROID_DTYPE)
             index = a.unsqueeze(-1).expand(-1, -1, dim)
             residual = residual - stored.float().gather(1, index)

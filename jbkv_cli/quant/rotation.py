@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from jbkv_cli.utils.host_reads import device_copy
+
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
     """Unnormalized fast Walsh–Hadamard transform over the last dim (a power of two)."""
@@ -59,14 +61,14 @@ class RandomHadamard:
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """``x ↦ R x`` per block, computed in float32, returned in ``x.dtype``."""
         self._check(x)
-        s = self.signs.to(x.device)
+        s = device_copy(self.signs, x.device)
         y = fwht(self._blocks(x.float() * s)) / math.sqrt(self.block_size)
         return y.flatten(-2).to(x.dtype)
 
     def unrotate(self, y: torch.Tensor) -> torch.Tensor:
         """``y ↦ Rᵀ y = diag(s) H y / √b`` (the inverse rotation)."""
         self._check(y)
-        s = self.signs.to(y.device)
+        s = device_copy(self.signs, y.device)
         x = fwht(self._blocks(y.float())).flatten(-2) / math.sqrt(self.block_size) * s
         return x.to(y.dtype)
 

@@ -100,6 +100,12 @@ class QuantizedTensor:
         return self.step is not None
 
     @property
+    def steps_fp8(self) -> bool:
+        """Whether every ``step`` is an FP8 E4M3 value by how it is stored (a dtype, read
+        without reading the steps; the exact bias then tabulates them). False: not known."""
+        return False
+
+    @property
     def nbytes(self) -> int:
         """Bytes actually held by the stored tensors."""
         return sum(t.numel() * t.element_size() for t in self.stored().values())
@@ -153,6 +159,10 @@ class GroupQuantized(QuantizedTensor):
     def step(self) -> torch.Tensor:
         return self.step_fp8.float()
 
+    @property
+    def steps_fp8(self) -> bool:
+        return self.step_fp8.dtype == torch.float8_e4m3fn  # FP16 for KIVI's values
+
     def dequantize(self) -> torch.Tensor:
         codes = unpack_codes(self.data, self.bits, self.shape[-1])
         x = dequantize_groups(codes, self.step_fp8, self.zero, torch.float32)
@@ -197,6 +207,10 @@ class Segmented(QuantizedTensor):
     @property
     def noise_model(self) -> str:  # type: ignore[override]
         return next((p.noise_model for p in self.parts if p.quantized), ASSUMED)
+
+    @property
+    def steps_fp8(self) -> bool:
+        return all(p.steps_fp8 for p in self.parts if p.quantized)  # exact parts: 0
 
     @property
     def noise_step2(self) -> torch.Tensor | None:

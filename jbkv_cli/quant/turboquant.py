@@ -74,6 +74,7 @@ from jbkv_cli.quant.lloyd_max import Codebook, lloyd_max
 from jbkv_cli.quant.method import KVMethod, Role
 from jbkv_cli.quant.tensor import ADDITIVE, CENTROID, QuantizedTensor
 from jbkv_cli.utils.fields import MAX_SEED, option
+from jbkv_cli.utils.host_reads import device_copy, require
 
 NORM_DTYPE = torch.float16
 NORM_MAX = 65504.0
@@ -107,12 +108,12 @@ class RandomOrthogonal:
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """``x ↦ Π x`` over the last dim, in float32, returned in ``x.dtype``."""
         self._check(x)
-        return (x.float() @ self.matrix_.to(x.device).T).to(x.dtype)
+        return (x.float() @ device_copy(self.matrix_, x.device).T).to(x.dtype)
 
     def unrotate(self, y: torch.Tensor) -> torch.Tensor:
         """``y ↦ Πᵀ y`` (the inverse rotation)."""
         self._check(y)
-        return (y.float() @ self.matrix_.to(y.device)).to(y.dtype)
+        return (y.float() @ device_copy(self.matrix_, y.device)).to(y.dtype)
 
     def _check(self, x: torch.Tensor) -> None:
         if x.shape[-1] != self.dim:
@@ -126,8 +127,8 @@ def random_orthogonal(dim: int, seed: int = 0) -> RandomOrthogonal:
 
 
 def _to_norm(x: torch.Tensor, what: str) -> torch.Tensor:
-    if bool((x > NORM_MAX).any()):
-        raise ValueError(f"a {what} {float(x.max()):.4g} exceeds FP16's range ({NORM_MAX:g})")
+    worst = x.max() if x.numel() else x.new_zeros(())
+    require(worst <= NORM_MAX, f"a {what} {{value:.4g}} exceeds FP16's range ({NORM_MAX:g})", worst)
     return x.to(NORM_DTYPE)
 
 
@@ -157,12 +158,12 @@ class TurboQuantMSETensor(QuantizedTensor):
 
     def rotated_mse(self) -> torch.Tensor:
         """``n · c[idx]``: the MSE stage's reconstruction in the rotated basis (float32)."""
-        centroids = self.codebook.centroids.to(device=self.codes.device, dtype=torch.float32)
+        centroids = device_copy(self.codebook.centroids, self.codes.device, torch.float32)
         return centroids[self._indices()] * self.norm.float()
 
     def coordinate_var(self) -> torch.Tensor:
         """``σ²_ic = n_i² Var(Y | idx_ic)`` ``[..., L, D]`` (rotated basis, float32)."""
-        var = self.codebook.cell_var.to(device=self.codes.device, dtype=torch.float32)
+        var = device_copy(self.codebook.cell_var, self.codes.device, torch.float32)
         return var[self._indices()] * self.norm.float().square()
 
     def _group_var(self) -> torch.Tensor:
@@ -224,7 +225,7 @@ class TurboQuantProdTensor(TurboQuantMSETensor):
         """``(√(π/2)/d) γ Sᵀ z`` ``[..., L, D]``: the residual's unbiased estimate (float32)."""
         d = self.shape[-1]
         z = unpack_codes(self.signs, 1, d).float() * 2 - 1
-        s = self.rotation.sketch.to(self.codes.device)
+        s = device_copy(self.rotation.sketch, self.codes.device)
         return (math.sqrt(math.pi / 2) / d) * self.residual_norm.float() * (z @ s)
 
     def dequantize(self) -> torch.Tensor:
@@ -272,7 +273,9 @@ class TurboQuantMSE(KVMethod):
             return mse
         r = xf - rot.unrotate(mse.rotated_mse())
         gamma = _to_norm(r.norm(dim=-1, keepdim=True), "residual norm")
-        signs = (r @ rot.sketch.to(x.device).T >= 0).to(torch.uint8)  # sign(S r), sign(0) = +1
+        signs = (r @ device_copy(rot.sketch, x.device).T >= 0).to(
+            torch.uint8
+        )  # sign(S r), sign(0) = +1
         return TurboQuantProdTensor(
             mse.codes, norm, x.shape, x.dtype, self.mse_bits, self.group_size, rot,
             pack_codes(signs, 1), gamma,

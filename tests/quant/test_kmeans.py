@@ -5,7 +5,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from jbkv_cli.quant.kmeans import assign_and_sum, inertia, init_centroids, kmeans
+from jbkv_cli.quant.kmeans import Draws, assign_and_sum, inertia, init_centroids, kmeans
 
 
 def _blobs(n=3, per=40, clusters=5, dim=8, seed=0):
@@ -19,7 +19,7 @@ def _blobs(n=3, per=40, clusters=5, dim=8, seed=0):
 
 def test_converged_clusters_are_pure_and_every_token_sits_at_its_nearest_centroid():
     x, labels = _blobs()
-    ids, cents = kmeans(x, 20, iters=50, generator=torch.Generator().manual_seed(0))
+    ids, cents = kmeans(x, 20, iters=50, draws=Draws(0))
     for n in range(x.shape[0]):
         for j in ids[n].unique():
             assert labels[n][ids[n] == j].unique().numel() == 1  # no cluster spans two blobs
@@ -33,7 +33,7 @@ def test_converged_clusters_are_pure_and_every_token_sits_at_its_nearest_centroi
 def test_centroids_are_the_means_of_the_returned_assignment():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 300, 16, generator=g)
-    ids, cents = kmeans(x, 12, iters=2, generator=torch.Generator().manual_seed(0))
+    ids, cents = kmeans(x, 12, iters=2, draws=Draws(0))
     for n in range(4):
         for j in ids[n].unique():
             assert torch.allclose(cents[n, j], x[n][ids[n] == j].mean(0), atol=1e-5)
@@ -45,7 +45,7 @@ def test_blocked_distances_change_nothing():
     so the ids agree wherever the nearest centroid beats the runner-up by more than that
     rounding (1e-4, distances ~64), and the cluster sums and counts within 1e-4."""
     x = torch.randn(2, 500, 32, generator=torch.Generator().manual_seed(2))
-    cents = init_centroids(x, 17, torch.Generator().manual_seed(4))
+    cents = init_centroids(x, 17, Draws(4))
     (ids_a, sums_a, counts_a), (ids_b, sums_b, counts_b) = (
         assign_and_sum(x, cents, max_elements=m) for m in (50, 1 << 22)
     )
@@ -58,9 +58,7 @@ def test_blocked_distances_change_nothing():
 
 def test_lloyd_steps_never_increase_the_objective():
     x = torch.randn(3, 400, 16, generator=torch.Generator().manual_seed(3))
-    costs = [
-        inertia(x, *kmeans(x, 20, it, torch.Generator().manual_seed(0))) for it in (1, 2, 4, 8)
-    ]
+    costs = [inertia(x, *kmeans(x, 20, it, Draws(0))) for it in (1, 2, 4, 8)]
     for before, after in pairwise(costs):
         assert (after <= before * (1 + 1e-6)).all()
     assert (costs[-1] < costs[0]).all()
@@ -68,13 +66,13 @@ def test_lloyd_steps_never_increase_the_objective():
 
 def test_init_draws_distinct_tokens_from_the_generator():
     x = torch.arange(50.0).view(1, 50, 1).expand(2, 50, 3).contiguous()
-    c = init_centroids(x, 50, torch.Generator().manual_seed(0))
+    c = init_centroids(x, 50, Draws(0))
     assert sorted(c[0, :, 0].tolist()) == list(range(50))  # every token once: no duplicates
-    again = init_centroids(x, 7, torch.Generator().manual_seed(0))
-    assert torch.equal(again, init_centroids(x, 7, torch.Generator().manual_seed(0)))
+    again = init_centroids(x, 7, Draws(0))
+    assert torch.equal(again, init_centroids(x, 7, Draws(0)))
     torch.manual_seed(123)  # the global RNG plays no part
-    assert torch.equal(again, init_centroids(x, 7, torch.Generator().manual_seed(0)))
+    assert torch.equal(again, init_centroids(x, 7, Draws(0)))
     with pytest.raises(ValueError, match="1 <= k <= tokens"):
-        init_centroids(x, 51, torch.Generator())
+        init_centroids(x, 51, Draws())
     with pytest.raises(ValueError, match="at least 1 iteration"):
-        kmeans(x, 2, 0, torch.Generator())
+        kmeans(x, 2, 0, Draws())

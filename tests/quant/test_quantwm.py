@@ -17,7 +17,7 @@ import torch
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.quant import build_method
 from jbkv_cli.quant.affine import quantize_affine
-from jbkv_cli.quant.kmeans import kmeans
+from jbkv_cli.quant.kmeans import Draws, kmeans
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.psac import layout_bytes, psac_rows
 from jbkv_cli.quant.qsac import channel_weights, group_ranges, qsac_assign
@@ -237,7 +237,7 @@ def test_keys_and_values_are_centroid_plus_affine_residual():
         if role == "value":
             torch.testing.assert_close(t.dequantize().reshape(-1, L, D), base)
     v = build_method("quantwm", 2, 64).quantize(k, "value", stats)
-    ids, cents = kmeans(k.reshape(-1, L, D), 4, 2, torch.Generator().manual_seed(0))
+    ids, cents = kmeans(k.reshape(-1, L, D), 4, 2, Draws(0))
     assert torch.equal(v.ids.long(), ids) and torch.equal(v.centroids, cents.bfloat16())
 
 

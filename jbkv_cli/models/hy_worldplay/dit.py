@@ -235,7 +235,9 @@ class WorldPlayDiT(nn.Module):
         vec = self.time_in(lat.t) + self.action_in(lat.action.to(self.dtype))
         per_latent = h * w
         vec = vec.repeat_interleave(per_latent, dim=0)[None]  # [1, T h w, C]
-        rope = rope_table(cfg.rope_dim_list, frames, h, w, cfg.rope_theta, start=rope_start)
+        rope = rope_table(
+            cfg.rope_dim_list, frames, h, w, cfg.rope_theta, start=rope_start, device=img.device
+        )
         w2c = lat.w2c.to(self.dtype).repeat_interleave(per_latent, dim=0)[None]
         ks = lat.ks.to(self.dtype).repeat_interleave(per_latent, dim=0)[None]
         return img, vec, rope, prope_matrices(w2c, ks)

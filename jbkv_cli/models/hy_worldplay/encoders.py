@@ -104,6 +104,13 @@ def resize_center_crop(image: Image.Image, width: int, height: int) -> Image.Ima
     return resized.crop((left, top, left + width, top + height))
 
 
+def _valid(emb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The rows of ``emb [L, C]`` where ``mask [L]`` is set: the mask is read on the host (one
+    copy per prompt) and the rows gathered by position, so no device value is read."""
+    rows = mask.cpu().nonzero().flatten()
+    return emb.index_select(0, rows.to(emb.device))
+
+
 @dataclass
 class Encoders:
     """The three encoders and their tokenizers / processor, on ``device``."""
@@ -137,7 +144,7 @@ class Encoders:
             num_hidden_layers_to_skip=HIDDEN_STATE_SKIP,
             crop_start=self.crop,
         )
-        qwen = emb[0][mask[0].bool()][None]
+        qwen = _valid(emb[0], mask[0])[None]
         g_emb, g_mask = pipe._get_byt5_prompt_embeds(
             self.byt5_tokenizer,
             self.byt5,
@@ -145,7 +152,7 @@ class Encoders:
             torch.device(self.device),
             tokenizer_max_length=BYT5_MAX_LENGTH,
         )
-        byt5 = g_emb[0][g_mask[0].bool()][None]
+        byt5 = _valid(g_emb[0], g_mask[0])[None]
         return qwen, byt5
 
     @torch.no_grad()

@@ -65,8 +65,9 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     """GLIDE's sinusoidal embedding ``[cos(t f) | sin(t f)]``, ``f = exp(-ln(P) i / (dim/2))``,
     computed in float32 (``embed_layers.timestep_embedding``)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
-    args = t[:, None].float() * freqs.to(t.device)[None]
+    steps = torch.arange(half, dtype=torch.float32, device=t.device)  # made on the device
+    freqs = torch.exp(-math.log(max_period) * steps / half)
+    args = t[:, None].float() * freqs[None]
     emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
     if dim % 2:
         emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)

@@ -22,7 +22,8 @@ import torch
 
 def axis_freqs(dim: int, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """``[S, dim // 2]`` angles ``pos * theta^(-2i/dim)`` (float32)."""
-    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    steps = torch.arange(0, dim, 2, device=positions.device)[: dim // 2].float()
+    freqs = 1.0 / (theta ** (steps / dim))
     return torch.outer(positions.float(), freqs)
 
 
@@ -33,11 +34,14 @@ def rope_table(
     width: int,
     theta: float,
     start: int = 0,
+    device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` ``[frames * height * width, sum(dims)]`` for tokens ``(t, h, w)``
-    row-major with ``t`` in ``start .. start + frames - 1``; each angle repeated for its pair."""
-    t = torch.arange(start, start + frames)
-    grid = torch.meshgrid(t, torch.arange(height), torch.arange(width), indexing="ij")
+    row-major with ``t`` in ``start .. start + frames - 1``; each angle repeated for its pair.
+    Made on ``device`` (no copy from the host per forward)."""
+    t = torch.arange(start, start + frames, device=device)
+    hw = torch.arange(height, device=device), torch.arange(width, device=device)
+    grid = torch.meshgrid(t, *hw, indexing="ij")
     angles = torch.cat(
         [axis_freqs(d, g.reshape(-1), theta) for d, g in zip(dims, grid, strict=True)], dim=1
     )

@@ -29,6 +29,7 @@ from jbkv_cli.models.hy_worldplay.config import Schedule
 from jbkv_cli.models.hy_worldplay.dit import Latents, WorldPlayDiT
 from jbkv_cli.models.hy_worldplay.memory import WorldPlayCache
 from jbkv_cli.models.hy_worldplay.trajectory import Trajectory
+from jbkv_cli.utils.host_reads import device_copy
 
 
 @dataclass
@@ -45,15 +46,23 @@ class Conditions:
     plan: list[list[int]]
 
 
-def _latents(x, cond, idx, t: float, traj: Trajectory) -> Latents:
-    index = torch.as_tensor(idx, dtype=torch.long)
+def _latents(x, cond, index: torch.Tensor, t: float, traj: Trajectory) -> Latents:
+    """The latents ``x`` of frames ``index`` (on ``x``'s device) with their conditions; the
+    trajectory is copied to the device once per video (host_reads.device_copy)."""
     return Latents(
         x=torch.cat([x, cond[:, :, index]], dim=1),
-        t=torch.full((len(idx),), float(t), device=x.device),
-        action=traj.actions[index].to(x.device),
-        w2c=traj.w2c[index].to(x.device),
-        ks=traj.intrinsics[index].to(x.device),
+        t=torch.full((index.numel(),), float(t), device=x.device),
+        action=device_copy(traj.actions, x.device)[index],
+        w2c=device_copy(traj.w2c, x.device)[index],
+        ks=device_copy(traj.intrinsics, x.device)[index],
     )
+
+
+def plan_indices(plan: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Each chunk's memory frames as an index tensor on ``device``, all copied in one go (a
+    copy per chunk would wait for the device every chunk)."""
+    flat = torch.tensor([i for frames in plan for i in frames], dtype=torch.long).to(device)
+    return list(flat.split([len(frames) for frames in plan]))
 
 
 @torch.no_grad()
@@ -92,18 +101,19 @@ def rollout(
         cache.measure()
     latents = noise.to(dit.dtype if latent_dtype is None else latent_dtype).clone()
     traj = cond.trajectory
+    plans = plan_indices(cond.plan, latents.device)
     for c in range(chunks):
         idx = cond.plan[c]
         memory = None
         if idx:
-            x_mem = latents[:, :, torch.as_tensor(idx, dtype=torch.long)]
-            memory = _latents(x_mem, cond.cond, idx, schedule.memory_timestep, traj)
+            x_mem = latents[:, :, plans[c]]
+            memory = _latents(x_mem, cond.cond, plans[c], schedule.memory_timestep, traj)
             if not uncached:
                 cache.memory_pass = True
                 dit.vision_pass(memory, 0, cache.attend, final=False)
                 cache.memory_pass = False
                 cache.measure()
-        current = list(range(c * chunk, (c + 1) * chunk))
+        current = torch.arange(c * chunk, (c + 1) * chunk, device=latents.device)
         for i in range(schedule.steps):
             t = sigmas[i] * schedule.num_train_timesteps
             x = latents[:, :, c * chunk : (c + 1) * chunk]

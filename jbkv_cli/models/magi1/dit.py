@@ -30,6 +30,7 @@ from jbkv_cli.models.magi1.layers import (
     softcap,
 )
 from jbkv_cli.models.magi1.rope import LearnableRotaryEmbedding, apply_rotary
+from jbkv_cli.utils.host_reads import device_values, on_host
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,9 @@ class VideoDiT(nn.Module):
     def embed_captions(self, y: torch.Tensor, mask: torch.Tensor) -> list[list[torch.Tensor]]:
         """Per (batch, chunk): the caption's valid tokens through ``y_proj_xattn`` (fp32), in dtype.
 
-        ``y [B, n, L, C]``, ``mask [B, n, L]`` (1 = valid).
+        ``y [B, n, L, C]``, ``mask [B, n, L]`` (1 = valid). A mask on the host is read there:
+        the valid tokens are gathered by position, copied to ``y``'s device once per distinct
+        mask (a boolean index on a device tensor would read its count back every forward).
         """
         proj = self.y_embedder.y_proj_xattn
         pdtype = proj[0].weight.dtype
@@ -235,7 +238,11 @@ class VideoDiT(nn.Module):
         for bi in range(y.shape[0]):
             row = []
             for j in range(y.shape[1]):
-                tokens = y[bi, j][mask[bi, j].bool()]
+                if on_host(mask) and not on_host(y):
+                    valid = device_values(mask[bi, j].nonzero().flatten(), y.device)
+                    tokens = y[bi, j].index_select(0, valid)
+                else:
+                    tokens = y[bi, j][mask[bi, j].bool()]
                 row.append(proj(tokens.to(pdtype)).to(self.compute_dtype))
             out.append(row)
         return out

@@ -47,8 +47,9 @@ class TimestepEmbedder(nn.Module):
 
     def sinusoid(self, t: torch.Tensor) -> torch.Tensor:
         half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
-        args = t.float()[:, None] * freqs.to(t.device)[None] * 1000.0
+        steps = torch.arange(half, dtype=torch.float32, device=t.device)  # made on the device
+        freqs = torch.exp(-math.log(10000.0) * steps / half)
+        args = t.float()[:, None] * freqs[None] * 1000.0
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
         if self.freq_dim % 2:
             emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)

@@ -28,8 +28,8 @@ def default_bands(head_dim: int, temperature: float = 10000.0) -> torch.Tensor:
     return 1.0 / temperature ** (torch.arange(n, dtype=torch.float32) / n)
 
 
-def _axis(size: int, ref: float, centre: bool) -> torch.Tensor:
-    x = torch.arange(size, dtype=torch.float32)
+def _axis(size: int, ref: float, centre: bool, device: torch.device | None = None) -> torch.Tensor:
+    x = torch.arange(size, dtype=torch.float32, device=device)
     if centre:
         x = x - (size - 1) / 2
     if size == 1:
@@ -43,9 +43,9 @@ def rope_angles(bands: torch.Tensor, frames: int, height: int, width: int) -> to
     ``frames`` counts every latent frame from the start of the video up to the forward's last.
     """
     rho = math.sqrt(height * width / 256)
-    t = _axis(frames, frames, centre=False).to(bands.device)
-    h = _axis(height, height / rho, centre=True).to(bands.device)
-    w = _axis(width, width / rho, centre=True).to(bands.device)
+    t = _axis(frames, frames, centre=False, device=bands.device)  # made on the device
+    h = _axis(height, height / rho, centre=True, device=bands.device)
+    w = _axis(width, width / rho, centre=True, device=bands.device)
     grid = torch.stack(torch.meshgrid(t, h, w, indexing="ij"), dim=-1)  # [T, H, W, 3]
     angles = grid.unsqueeze(-1) * bands.float()  # [T, H, W, 3, n]
     return angles.reshape(frames * height * width, -1)

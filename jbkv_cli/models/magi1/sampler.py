@@ -29,6 +29,7 @@ from jbkv_cli.models.magi1.schedule import (
     init_interval,
     init_t,
 )
+from jbkv_cli.utils.host_reads import device_values
 
 
 @dataclass
@@ -41,9 +42,10 @@ class TextCondition:
     null_mask: torch.Tensor
 
     def to(self, device: torch.device | str) -> TextCondition:
-        return TextCondition(
-            *(t.to(device) for t in (self.cond, self.cond_mask, self.null, self.null_mask))
-        )
+        """The captions on ``device``; the masks stay where they are (on the host, where the
+        DiT reads which tokens are valid without a sync: :meth:`VideoDiT.embed_captions`)."""
+        cond, null = self.cond.to(device), self.null.to(device)
+        return TextCondition(cond, self.cond_mask, null, self.null_mask)
 
 
 @dataclass
@@ -97,7 +99,7 @@ class Sampler:
         xs = x[:, :, (plan.slice_point) * cw : c1 * cw]
         t_den = self.ts[list(plan.t_index)].to(torch.float32)
         t = torch.cat([torch.tensor([sched.clean_t]), t_den]) if plan.refresh else t_den
-        t = t[None].to(x.device)
+        t_host, t = t, device_values(t[None], x.device)  # read on the host, copied once
         n_ref = int(plan.refresh)
         common = dict(slice_point=plan.slice_point, caches=caches, attend=self.attend)
         common["distill_dt"] = self._dt(plan)
@@ -105,7 +107,7 @@ class Sampler:
         if sched.cfg_number == 1:
             y, m = _captions(text, chunks, null=False, refresh=plan.refresh)
             kv = list(plan.kv_chunks)
-            refine = self.nearly_clean_refine and float(t[0, n_ref]) > (
+            refine = self.nearly_clean_refine and float(t_host[n_ref]) > (
                 sched.distill_nearly_clean_chunk_threshold
             )
             if refine:
@@ -192,7 +194,7 @@ class Sampler:
             c0, c1 = plan.chunk_start, plan.chunk_end
             t0 = self.ts[list(plan.t_index)]
             t1 = self.ts[[i + 1 for i in plan.t_index]]
-            dt = (t1 - t0).to(x.device).repeat_interleave(cw)
+            dt = device_values(t1 - t0, x.device).repeat_interleave(cw)
             x[:, :, c0 * cw : c1 * cw] += v * dt[None, None, :, None, None]
             for c in range(c0, c1):
                 counts[c] += 1

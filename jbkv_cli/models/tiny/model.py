@@ -121,18 +121,22 @@ def unpatchify(tokens: torch.Tensor, p: int, c: int, size: int) -> torch.Tensor:
     return x.reshape(b, t, c, size, size)
 
 
-def rope_angles(cfg: TinyConfig, first_frame: int, num_frames: int) -> torch.Tensor:
-    """Rotation angles ``[L, head_dim / 2]`` for frames ``first_frame ..`` (order t, h, w).
+def rope_angles(
+    cfg: TinyConfig, first_frame: int, num_frames: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Rotation angles ``[L, head_dim / 2]`` for frames ``first_frame ..`` (order t, h, w),
+    computed on ``device`` (no copy from the host per call).
 
     Axis ``a`` with ``d_a`` channels rotates pair ``j`` by ``pos_a * theta^(-2j / d_a)``.
     """
     g = cfg.grid
-    t = torch.arange(first_frame, first_frame + num_frames, dtype=torch.float64)
-    s = torch.arange(g, dtype=torch.float64)
+    t = torch.arange(first_frame, first_frame + num_frames, dtype=torch.float64, device=device)
+    s = torch.arange(g, dtype=torch.float64, device=device)
     pos = torch.stack(torch.meshgrid(t, s, s, indexing="ij"), -1).reshape(-1, 3)
     parts = []
     for axis, dim in enumerate(cfg.rope_dims):
-        freqs = cfg.rope_theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+        steps = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
+        freqs = cfg.rope_theta ** (-steps / dim)
         parts.append(pos[:, axis : axis + 1] * freqs)
     return torch.cat(parts, -1).float()
 
@@ -158,7 +162,7 @@ def key_rope(cfg: TinyConfig, device: str | torch.device = "cpu") -> KeyRope:
     the table of a chunk at position ``p`` (its first frame) that of frames ``p .. p + F − 1``."""
 
     def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = rope_angles(cfg, position, cfg.frames_per_chunk).to(device)
+        angles = rope_angles(cfg, position, cfg.frames_per_chunk, device)
         return rope_tables(angles)
 
     return KeyRope("half", table)
@@ -171,7 +175,8 @@ def key_rope(cfg: TinyConfig, device: str | torch.device = "cpu") -> KeyRope:
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of ``1000 t``: ``[..., dim]``."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+    steps = torch.arange(half, dtype=torch.float32, device=t.device)
+    freqs = torch.exp(-math.log(10000.0) * steps / half)
     args = 1000.0 * t[..., None].float() * freqs
     return torch.cat((args.cos(), args.sin()), -1)
 
@@ -341,7 +346,7 @@ class TinyDiT(nn.Module):
         m = clean.shape[1]
         n = 0 if noisy is None else noisy.shape[1]
         f = cfg.frames_per_chunk
-        angles = rope_angles(cfg, 0, max(m, n) * f).to(clean.device)
+        angles = rope_angles(cfg, 0, max(m, n) * f, clean.device)
         angles = torch.cat((angles[: m * cfg.chunk_len], angles[: n * cfg.chunk_len]), 0)
         if noisy is not None:
             tokens, t = torch.cat((clean, noisy), 1), torch.cat((t_clean, t_noisy), 1)
@@ -374,7 +379,7 @@ class TinyDiT(nn.Module):
         """
         cfg = self.cfg
         first = chunk_index * cfg.frames_per_chunk
-        angles = rope_angles(cfg, first, cfg.frames_per_chunk).to(tokens.device)
+        angles = rope_angles(cfg, first, cfg.frames_per_chunk, tokens.device)
         pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def attend(layer: int, q, k, v, k_pre) -> torch.Tensor:

@@ -84,9 +84,10 @@ def sample(
     layers = caches if probe is None else probe.wrap(caches)
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
+    noise = noise.to(device)  # once per video: a copy from the host per chunk waits for the device
     chunks = []
     for i in range(settings.num_chunks):
-        x = noise[i, 0].to(device)[None]
+        x = noise[i, 0][None]
         x0 = x
         for step, (t, t_next) in enumerate(pairwise(grid)):
             if probe is not None:
@@ -96,7 +97,7 @@ def sample(
             )
             x = x0 + (t_next / t) * (x - x0)
         tc = settings.ctx_noise
-        ctx = (1 - tc) * x0 + tc * noise[i, 1].to(device)[None]
+        ctx = (1 - tc) * x0 + tc * noise[i, 1][None]
         if probe is not None:
             probe.at(i, None)
         model.forward_chunk(

@@ -106,14 +106,17 @@ def sinusoidal(dim: int, t: torch.Tensor) -> torch.Tensor:
     """``sinusoidal_embedding_1d``: ``[cos(t·ω), sin(t·ω)]``, ω = 10000^(−i/half), float64."""
     half = dim // 2
     t = t.double()
-    arg = torch.outer(t, torch.pow(10000, -torch.arange(half, dtype=torch.float64).div(half)))
+    steps = torch.arange(half, dtype=torch.float64, device=t.device)  # made where t is
+    arg = torch.outer(t, torch.pow(10000, -steps.div(half)))
     return torch.cat([torch.cos(arg), torch.sin(arg)], dim=1)
 
 
-def rope_angles(frames: int, dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """``rope_params``: angles ``[frames, dim/2]`` (float64) of positions 0 … frames − 1."""
-    inv = 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64).div(dim))
-    return torch.outer(torch.arange(frames, dtype=torch.float64), inv)
+def rope_angles(frames: int, dim: int, theta: float = 10000.0, device=None) -> torch.Tensor:
+    """``rope_params``: angles ``[frames, dim/2]`` (float64) of positions 0 … frames − 1, made
+    on ``device`` (every table here is: no copy from the host per forward)."""
+    steps = torch.arange(0, dim, 2, dtype=torch.float64, device=device)
+    inv = 1.0 / torch.pow(theta, steps.div(dim))
+    return torch.outer(torch.arange(frames, dtype=torch.float64, device=device), inv)
 
 
 def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
@@ -124,16 +127,18 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(xc * rot).flatten(-2).type_as(x)
 
 
-def main_rope_angles(head_dim: int, frames: int, f0: int, h: int, w: int) -> torch.Tensor:
+def main_rope_angles(
+    head_dim: int, frames: int, f0: int, h: int, w: int, device=None
+) -> torch.Tensor:
     """Angles ``[frames·h·w, D/2]`` of tokens at latent frames ``f0 …`` (3-axis Wan RoPE:
     ``c − 2(c//3)`` frame pairs, ``c//3`` height, ``c//3`` width, ``c = D/2``)."""
     c = head_dim // 2
     d = head_dim
     table = torch.cat(
         [
-            rope_angles(1024, d - 4 * (d // 6)),
-            rope_angles(1024, 2 * (d // 6)),
-            rope_angles(1024, 2 * (d // 6)),
+            rope_angles(1024, d - 4 * (d // 6), device=device),
+            rope_angles(1024, 2 * (d // 6), device=device),
+            rope_angles(1024, 2 * (d // 6), device=device),
         ],
         dim=1,
     )
@@ -146,18 +151,19 @@ def main_rope_angles(head_dim: int, frames: int, f0: int, h: int, w: int) -> tor
     return torch.cat(parts, dim=-1).reshape(frames * h * w, c)
 
 
-def action_rope_angles(cfg: ActionConfig, head_dim: int, f0: int, frames: int) -> torch.Tensor:
+def action_rope_angles(
+    cfg: ActionConfig, head_dim: int, f0: int, frames: int, device=None
+) -> torch.Tensor:
     """Angles ``[frames, D/2]`` of the ActionModule's RoPE at latent frames ``f0 …``: the
     ``[t, h, w]`` table of ``get_nd_rotary_pos_embed`` over a ``[7500, 1, 1]`` grid (h = w = 0,
     so only the first ``rope_dims[0]`` channels turn), θ = ``rope_theta``, float32 as upstream."""
     if sum(cfg.rope_dims) != head_dim:
         raise ValueError(f"action rope dims {cfg.rope_dims} do not sum to {head_dim}")
     t_dim = cfg.rope_dims[0]
-    inv = 1.0 / (
-        cfg.rope_theta ** (torch.arange(0, t_dim, 2, dtype=torch.float32)[: t_dim // 2] / t_dim)
-    )
-    pos = torch.arange(f0, f0 + frames, dtype=torch.float32)
-    zeros = torch.zeros(frames, (head_dim - t_dim) // 2, dtype=torch.float32)
+    steps = torch.arange(0, t_dim, 2, dtype=torch.float32, device=device)[: t_dim // 2]
+    inv = 1.0 / (cfg.rope_theta ** (steps / t_dim))
+    pos = torch.arange(f0, f0 + frames, dtype=torch.float32, device=device)
+    zeros = torch.zeros(frames, (head_dim - t_dim) // 2, dtype=torch.float32, device=device)
     return torch.cat([torch.outer(pos, inv), zeros], dim=1).double()
 
 
@@ -272,7 +278,7 @@ class ActionModule(nn.Module):
             q, k, v = self.t_qkv(feats).view(b * s, t, 3, heads, -1).unbind(2)
             q = self.img_attn_q_norm(q).to(v)
             k = self.img_attn_k_norm(k).to(v)
-            angles = action_rope_angles(cfg, q.shape[-1], f0, t)
+            angles = action_rope_angles(cfg, q.shape[-1], f0, t, q.device)
             q, k = rotate(q, angles).type_as(v), rotate(k, angles).type_as(v)
             out = attn.mouse(layer, *(z.transpose(1, 2) for z in (q, k, v)))  # [BS, H, T, D]
             out = out.transpose(1, 2).reshape(b, s, t, -1).transpose(1, 2).reshape(b, t * s, -1)
@@ -283,7 +289,7 @@ class ActionModule(nn.Module):
         k, v = kv.view(b, t, 2, heads, -1).unbind(2)
         q = self.key_attn_q_norm(q).to(v)
         k = self.key_attn_k_norm(k).to(v)
-        angles = action_rope_angles(cfg, q.shape[-1], f0, t)
+        angles = action_rope_angles(cfg, q.shape[-1], f0, t, q.device)
         q = rotate(q, angles.repeat_interleave(s, dim=0)).type_as(v)
         k = rotate(k, angles).type_as(v)
         out = attn.keyboard(layer, *(z.transpose(1, 2) for z in (q, k, v)))  # [B, H, T·S, D]
@@ -401,7 +407,7 @@ class MatrixGameDiT(nn.Module):
         e = self.time_embedding(sinusoidal(cfg.freq_dim, t.flatten()).to(h))
         e0 = self.time_projection(e).unflatten(1, (6, cfg.dim)).unflatten(0, t.shape)
         context = self.img_emb(clip.to(h))
-        angles = main_rope_angles(cfg.head_dim, grid[0], f0, grid[1], grid[2])
+        angles = main_rope_angles(cfg.head_dim, grid[0], f0, grid[1], grid[2], h.device)
         for block in self.blocks:
             h = block(h, e0, grid, f0, angles, context, mouse, keyboard, attn)
         out = self.head(h, e.unflatten(0, t.shape).unsqueeze(2))

@@ -44,6 +44,7 @@ The latents are decoded in float32 either way.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -67,6 +68,7 @@ from jbkv_cli.models.wan.matrix_game.dit import MatrixGameDiT
 from jbkv_cli.models.wan.self_forcing.image import read_image
 from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule, renoise, to_x0
 from jbkv_cli.utils.errors import UsageError, shown
+from jbkv_cli.utils.host_reads import device_copy
 
 CLEAN_CONTEXT = "extra forward of each finished chunk at t=0 (context_noise 0), K/V committed once"
 
@@ -232,7 +234,8 @@ class MatrixGame2(VideoModelBase):
         dt = self.dit.patch_embedding.weight.dtype
         dev = self.config.device
         timestep = torch.full((1, k), float(t), device=dev)
-        mouse = None if a.mouse is None else a.mouse.to(dev, dt)
+        # the video's actions, copied to the device once (not every step: host_reads)
+        mouse = None if a.mouse is None else device_copy(a.mouse, dev, dt)
         out = self.dit(
             x.to(dt),
             timestep,
@@ -240,16 +243,21 @@ class MatrixGame2(VideoModelBase):
             cond.cond[:, :, f0 : f0 + k].to(dt),
             cond.clip.to(dt),
             mouse,
-            a.keyboard.to(dev, dt),
+            device_copy(a.keyboard, dev, dt),
             attn,
         )
         return out.to(self.precision.latents)
 
-    def draw(self, generator: torch.Generator) -> torch.Tensor:
-        """One chunk's noise, drawn in float32 on the CPU, in the sampler's dtype."""
+    def draws(self, generator: torch.Generator, count: int) -> Iterator[torch.Tensor]:
+        """The next ``count`` chunks' noise, drawn in float32 on the CPU one chunk at a time, in
+        order, in the sampler's dtype, moved to the device in one copy (a copy per draw would
+        wait for the device every denoising step)."""
         s = self.config
         shape = (1, 16, s.chunk_frames, s.height // 8, s.width // 8)
-        return torch.randn(shape, generator=generator).to(s.device, self.precision.latents)
+        noise = [torch.randn(shape, generator=generator) for _ in range(count)]
+        if not noise:
+            return iter(())
+        return iter(torch.stack(noise).to(s.device, self.precision.latents).unbind(0))
 
     def generate_latents(
         self,
@@ -275,16 +283,17 @@ class MatrixGame2(VideoModelBase):
         sched = self.schedule
         chunks: list[torch.Tensor] = []
         peak, split = 0, {"main": 0, "mouse": 0, "keyboard": 0}
+        noise = self.draws(generator, s.num_chunks * len(sched))  # each chunk's, each renoise's
         with torch.no_grad():
             for c in range(s.num_chunks):
                 f0 = c * s.chunk_frames
-                x = self.draw(generator)
+                x = next(noise)
                 for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
                     if probe is not None:
                         probe.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, f0, cond, attn), sigma)
                     if i + 1 < len(sched):
-                        x = renoise(x0, self.draw(generator), sched.sigmas[i + 1])
+                        x = renoise(x0, next(noise), sched.sigmas[i + 1])
                 chunks.append(x0)
                 if c + 1 < s.num_chunks:
                     if probe is not None:

@@ -80,6 +80,7 @@ from jbkv_cli.models.wan.self_forcing.components import (
 from jbkv_cli.models.wan.self_forcing.schedule import renoise, to_x0
 from jbkv_cli.utils.errors import UsageError, shown
 from jbkv_cli.utils.fields import parse_options
+from jbkv_cli.utils.host_reads import device_values
 
 NAME = "rolling-forcing"
 CLEAN_CONTEXT = (
@@ -177,7 +178,7 @@ class RollingForcing(sf.SelfForcing):
         if self.precision.upstream:
             return self.upstream_flow(x, times, text)
         transformer = self.components.transformer
-        per_frame = torch.tensor(times, dtype=torch.float32, device=x.device)
+        per_frame = device_values(torch.tensor(times, dtype=torch.float32), x.device)
         timestep = per_frame.repeat_interleave(self.head_layout()["frame_tokens"])[None]
         out = transformer(
             hidden_states=x.to(transformer.dtype),
@@ -223,10 +224,11 @@ class RollingForcing(sf.SelfForcing):
         peak, working = PeakBytes(), 0
         plan_ = plan.windows(s.num_chunks, len(schedule))
         transformer = self.components.transformer
+        noise = self.draws(generator, s.num_chunks * len(schedule))  # a block's, each renoise's
         with torch.no_grad(), cached_self_attention(transformer, context):
             for window in plan_:
                 if window.index < s.num_chunks:
-                    noisy[window.index] = self.draw(generator)
+                    noisy[window.index] = next(noise)
                 blocks = list(window.blocks)
                 x = torch.cat([noisy[b] for b in blocks], dim=2)
                 times = [schedule.timesteps[window.step(b)] for b in blocks for _ in range(k)]
@@ -242,7 +244,7 @@ class RollingForcing(sf.SelfForcing):
                     part = slice(j * k, (j + 1) * k)
                     x0 = to_x0(x[:, :, part], v[:, :, part], schedule.sigmas[step])
                     if step + 1 < len(schedule):
-                        noisy[b] = renoise(x0, self.draw(generator), schedule.sigmas[step + 1])
+                        noisy[b] = renoise(x0, next(noise), schedule.sigmas[step + 1])
                     else:  # its last step: final, out of the window
                         final[b] = x0
                         del noisy[b]

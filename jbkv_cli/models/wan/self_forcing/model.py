@@ -65,7 +65,7 @@ float32. Both decode the latents in float32.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -312,7 +312,7 @@ class SelfForcing(WanHeads, VideoModelBase):
         """The flow of ``x`` with latent frame ``f`` at ``times[f]``, in upstream's casting
         (:func:`~jbkv_cli.models.wan.self_forcing.upstream.upstream_forward`)."""
         transformer = self.components.transformer
-        t = torch.tensor([times], dtype=torch.float32, device=x.device)
+        t = torch.tensor([times], dtype=torch.float32)  # on the host: upstream_forward reads it
         return upstream_forward(transformer, x.to(transformer.dtype), t, text)
 
     def context(self, caches, rope) -> ChunkContext:
@@ -330,12 +330,16 @@ class SelfForcing(WanHeads, VideoModelBase):
         channels = self.components.transformer.config.in_channels
         return (1, channels, s.chunk_frames, s.height // spatial, s.width // spatial)
 
-    def draw(self, generator: torch.Generator) -> torch.Tensor:
-        """Gaussian latents of one chunk, drawn in float32 on the CPU, moved to the device in
-        the dtype the sampler keeps (:attr:`Precision.latents`)."""
+    def draws(self, generator: torch.Generator, count: int) -> Iterator[torch.Tensor]:
+        """The next ``count`` chunks' Gaussian latents, drawn in float32 on the CPU one chunk at
+        a time, in order, and moved to the device in the dtype the sampler keeps
+        (:attr:`Precision.latents`) in one copy (a copy per draw would wait for the device
+        every denoising step)."""
         shape = self.chunk_shape
-        noise = torch.randn(shape, generator=generator, dtype=torch.float32)
-        return noise.to(self.config.device, self.precision.latents)
+        noise = [torch.randn(shape, generator=generator, dtype=torch.float32) for _ in range(count)]
+        if not noise:
+            return iter(())
+        return iter(torch.stack(noise).to(self.config.device, self.precision.latents).unbind(0))
 
     def encode_image(self, path: str, case: str) -> torch.Tensor:
         """The image at ``path`` as one normalised latent frame ``[1, C, 1, h, w]`` (float32)."""
@@ -399,6 +403,11 @@ class SelfForcing(WanHeads, VideoModelBase):
                 )
             chunks.append(image.to(self.config.device, self.precision.latents))
             first = 1
+        steps = [
+            len(self.first_schedule if c == first else self.schedule)
+            for c in range(first, s.num_chunks)
+        ]
+        noise = self.draws(generator, sum(steps))  # each chunk's, then each renoise's, in order
         with torch.no_grad(), cached_self_attention(transformer, context):
             if image is not None:  # the image latent's K/V, committed as a finished chunk's
                 if probe is not None:
@@ -415,7 +424,7 @@ class SelfForcing(WanHeads, VideoModelBase):
             for c in range(first, s.num_chunks):
                 context.frame_offset = c * s.chunk_frames
                 schedule = self.first_schedule if c == first else self.schedule
-                x = self.draw(generator)
+                x = next(noise)
                 for i, (t, sigma) in enumerate(
                     zip(schedule.timesteps, schedule.sigmas, strict=True)
                 ):
@@ -423,7 +432,7 @@ class SelfForcing(WanHeads, VideoModelBase):
                         probe.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, text), sigma)
                     if i + 1 < len(schedule):
-                        x = renoise(x0, self.draw(generator), schedule.sigmas[i + 1])
+                        x = renoise(x0, next(noise), schedule.sigmas[i + 1])
                 chunks.append(x0)
                 working = max(working, sum(cache.working_nbytes for cache in caches))
                 if c + 1 < s.num_chunks:

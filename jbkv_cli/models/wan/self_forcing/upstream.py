@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from jbkv_cli.models.wan.matrix_game.dit import rope_angles, sinusoidal
+from jbkv_cli.utils.host_reads import device_values
 
 ROPE_THETA = 10000.0  # rope_params' theta (diffusers' WanRotaryPosEmbed default)
 
@@ -116,7 +117,10 @@ def upstream_forward(
     rotary = transformer.rope(x)  # the frame offset comes from the cached-attention hook
     tokens = transformer.patch_embedding(x).flatten(2).transpose(1, 2)
     embed = transformer.condition_embedder
-    sin = sinusoidal(cfg.freq_dim, timesteps.flatten().cpu()).to(x.device, tokens.dtype)
+    # on the host, as upstream computes it; the same timesteps give the same embedding, copied
+    # to the device once (host_reads.device_values)
+    sin = sinusoidal(cfg.freq_dim, timesteps.flatten().cpu()).to(tokens.dtype)
+    sin = device_values(sin, x.device)
     e = embed.time_embedder(sin)  # [B·F, C]
     e0 = embed.time_proj(embed.act_fn(e)).unflatten(1, (6, -1)).unflatten(0, (b, frames))
     context = embed.text_embedder(text)

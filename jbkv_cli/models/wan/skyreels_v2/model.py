@@ -270,7 +270,9 @@ class SkyReelsV2(WanHeads, VideoModelBase):
                 frames = slice(c * k, (c + 1) * k)
                 context.frame_offset = c * k
                 scheduler = copy.deepcopy(self.components.scheduler)
-                scheduler.set_timesteps(s.steps, device=noise.device)
+                # timesteps on the host, as diffusers keeps its sigmas: int(t) and the
+                # scheduler's own index lookup then read no device value
+                scheduler.set_timesteps(s.steps, device="cpu")
                 x = noise[:, :, frames].clone()
                 for i, t in enumerate(scheduler.timesteps):
                     if probe is not None:
