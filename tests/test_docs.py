@@ -99,6 +99,63 @@ def test_each_table_lives_in_one_place():
         assert pages == [home], (header, pages)
 
 
+def _prose(page: Path) -> str:
+    """A page's text with its lines joined, so a fact wrapped over two lines still matches."""
+    return " ".join(page.read_text(encoding="utf-8").split())
+
+
+# Each fact below is stated on its home page only; every other page links to that page's anchor.
+# A fact is found by what states it (a number beside its meaning), not by its exact wording.
+FACTS = {
+    "the correction's formula (docs/corrections.md)": (
+        "corrections.md",
+        "#the-correction",
+        re.compile(r"τ²\s*/\s*24|τ\^2\s*/\s*24|tau\^?2\s*/\s*24", re.I),
+    ),
+    "the exit codes (docs/reliability.md)": (
+        "reliability.md",
+        "#exit-codes-and-messages",
+        re.compile(
+            r"usage errors (?:exit )?2\b|known failures (?:exit )?1\b|ctrl-c (?:exits )?130"
+            r"|sigterm (?:exits )?143|sighup (?:exits )?129",
+            re.I,
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("fact", sorted(FACTS))
+def test_each_fact_is_stated_on_one_page(fact):
+    """The formula of ``b`` and the exit codes are stated once in the docs (code docstrings may
+    state the formula they implement: this is about the pages)."""
+    home, _, pattern = FACTS[fact]
+    stated = [p.name for p in PAGES if pattern.search(_prose(p))]
+    assert stated == [home], f"{fact} is stated on {stated}; state it on {home} only and link"
+
+
+@pytest.mark.parametrize("fact", sorted(FACTS))
+def test_the_readme_links_to_each_facts_home(fact):
+    home, anchor, _ = FACTS[fact]
+    assert f"docs/{home}{anchor}" in (ROOT / "README.md").read_text(encoding="utf-8"), fact
+
+
+def test_the_fact_patterns_find_what_they_look_for():
+    """The patterns above match the wordings they must catch (else the checks could not fail)."""
+    formula = FACTS["the correction's formula (docs/corrections.md)"][2]
+    codes = FACTS["the exit codes (docs/reliability.md)"][2]
+    assert formula.search("b_i = (τ²/24) Σ_j Δ_ij² ‖q_j‖²")
+    assert formula.search("(τ^2/24)")
+    assert not formula.search("k' = [k̂, −τΔ²/24]")  # the fused kernel's key column: not b
+    for text in (
+        "Usage errors exit 2, known failures 1",
+        "usage errors 2",
+        "Ctrl-C 130, SIGTERM 143, SIGHUP 129",
+        "Ctrl-C exits 130",
+    ):
+        assert codes.search(text), text
+    assert not codes.search("a one-line usage error (exit 2)")  # one case's code: allowed
+
+
 def test_commands_page_names_every_method_correction_and_figure():
     from jbkv_cli.cli.options import CLI_CORRECTIONS
     from jbkv_cli.quant import METHODS

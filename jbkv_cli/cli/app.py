@@ -48,7 +48,9 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, _CLICK_USAGE):
         ctx = getattr(exc, "ctx", None)
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-        error(f"{exc.format_message()}{hint}")
+        # newer Typer words a bad choice "…: Value error, 'x' is not one of …"
+        message = exc.format_message().replace(": Value error, ", ": ", 1)
+        error(f"{message}{hint}")
         return 2
     if isinstance(exc, _CLICK_ERROR):
         error(exc.format_message())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 from jbkv_cli.attention.correction import CORRECTIONS
 from jbkv_cli.models.cases import Case, read_case_file, resolve_input
 from jbkv_cli.utils.console import err, plain
+from jbkv_cli.utils.device import resolve_device
 from jbkv_cli.utils.errors import JbkvError, UsageError, shown
 from jbkv_cli.utils.jsonio import MAX_TEXT_BYTES, read_text
 from jbkv_cli.utils.resources import PROMPTS_DIR
@@ -298,18 +300,6 @@ def _option_class(name: str) -> type:
     return METHODS.get(name) or PRUNERS[name]
 
 
-def resolve_device(device: str | None) -> str:
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: no CUDA device is available here")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise UsageError(f"--device must be cpu or cuda[:N], got {device!r}")
-    return device
-
-
 def print_gate_outcome(problems: list[str], summary: str, baseline: object) -> None:
     """The regression gate's outcome on stderr: each problem as a ``gate:`` line, then a
     :class:`JbkvError` (exit 1); or one ``gate passed: SUMMARY against BASELINE`` line."""
@@ -320,3 +310,10 @@ def print_gate_outcome(problems: list[str], summary: str, baseline: object) -> N
     err.print(
         plain("gate passed", "green") + plain(f": {summary} against {baseline}"), highlight=False
     )
+
+
+def choices(name: str, values: tuple[str, ...]) -> type[Enum]:
+    """An option's allowed values as the ``str`` enum Typer turns into a choice: click checks
+    the value (a bad one is a usage error, exit 2, one line) and ``--help`` lists them. The
+    command passes ``.value`` on."""
+    return Enum(name, [(v, v) for v in values], type=str)

@@ -142,7 +142,7 @@ REFUSED = [
     (("report", "x[/]"), 1, "x[/] is not a jbkv run directory"),
     (("fidelity", "[/]", "[/]"), 1, "[/]"),
     (("weights", "fetch", "[/]"), 2, "'[/]'"),
-    (("report", ".", "--format", "[b]x"), 2, "got '[b]x'"),
+    (("report", ".", "--format", "[b]x"), 2, "'[b]x' is not one of 'table'"),
 ]
 
 

@@ -81,7 +81,7 @@ BAD = [  # (model folder maker, exit code, text)
         2,
         "sliding window of 32 tokens but the longest job reads 143 keys",
     ),
-    (
+    (  # read_json refuses the NaN as it reads the file (check_fit's own check is the net)
         lambda d: _nan_config(save(tiny_lm("llama"), d)),
         1,
         "config.json: invalid JSON (NaN is not a JSON number)",

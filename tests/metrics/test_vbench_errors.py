@@ -7,7 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from jbkv_cli.cli.commands.vbench import parse_dimensions, register
+from jbkv_cli.cli.commands.vbench import register
 from jbkv_cli.metrics.vbench_env import (
     VBenchEnv,
     find_torch,
@@ -16,6 +16,7 @@ from jbkv_cli.metrics.vbench_env import (
     plan_env,
     require_env,
 )
+from jbkv_cli.metrics.vbench_job import parse_dimensions
 from jbkv_cli.metrics.vbench_run import VBenchConfig, discover_variants, num_samples
 from jbkv_cli.metrics.vbench_weights import missing_weights, require_weights
 from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError

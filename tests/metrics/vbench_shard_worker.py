@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from jbkv_cli.cli.commands import vbench as vbench_command
-from jbkv_cli.metrics import vbench_run
+from jbkv_cli.metrics import vbench_job, vbench_run
 from jbkv_cli.metrics.vbench_scores import DimensionScore
 from jbkv_cli.utils import distributed
 
@@ -36,8 +35,8 @@ def fake_run_variant(env, videos, work, config, on_event=None, force=False):
 
 def main() -> None:
     vbench_run.run_variant = fake_run_variant
-    vbench_command.require_env = lambda root: SimpleNamespace(key="stub", info={})
-    vbench_command.require_weights = lambda *a, **k: None
+    vbench_job.require_env = lambda root: SimpleNamespace(key="stub", info={})
+    vbench_job.require_weights = lambda *a, **k: None
     from jbkv_cli.cli.app import app
 
     app(["vbench", "run", sys.argv[1], "-d", "temporal_flickering", "--device", "cpu"])

@@ -19,7 +19,7 @@ from jbkv_cli.cli.groups import (
     model_paths,
     with_groups,
 )
-from jbkv_cli.cli.options import print_gate_outcome
+from jbkv_cli.cli.options import choices, print_gate_outcome
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import CacheFlags, SweepFlags, profile_paths
 from jbkv_cli.kvcache.coverage import noop_reason
@@ -27,13 +27,20 @@ from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models.contract import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
 from jbkv_cli.report.comparisons import comparison_lines, comparisons_markdown
-from jbkv_cli.report.gate import check_baseline, load_baseline, parse_tolerances
+from jbkv_cli.report.job import (
+    FORMATS,
+    LLM,
+    LLM_FORMATS,
+    Report,
+    ReportRequest,
+    build_report,
+    render,
+)
 from jbkv_cli.report.results import ResultRow
 from jbkv_cli.report.table import (
     build_rows,
     lpips_note,
     print_table,
-    to_csv,
     to_json,
     to_markdown,
 )
@@ -43,12 +50,11 @@ from jbkv_cli.run.experiment import (
     fingerprint_inputs,
     generate_all,
     open_run,
-    score_fidelity,
 )
 from jbkv_cli.utils import distributed
-from jbkv_cli.utils.atomic import check_writable_dir, write_text_atomic
+from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
-from jbkv_cli.utils.errors import UsageError, shown
+from jbkv_cli.utils.errors import UsageError
 
 NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
 
@@ -301,20 +307,10 @@ def quantize_eval(
 
 def _run_vbench(run: RunDir) -> None:
     """VBench-Long on every variant of the run, dimensions whose weights are present."""
-    from jbkv_cli.cli.commands.vbench import run_command
+    from jbkv_cli.cli.commands.vbench import run_and_print
+    from jbkv_cli.metrics.vbench_job import VBenchRequest
 
-    run_command(
-        run.root,
-        dimensions=None,
-        mode="long_custom_input",
-        device="auto",
-        out_dir=None,
-        skip_missing=True,
-        static_filter=False,
-        dev_flag=True,
-        force=False,
-        root=None,
-    )
+    run_and_print(VBenchRequest(run.root, skip_missing=True))
 
 
 def _write_report(
@@ -382,16 +378,22 @@ def print_comparisons(data: dict[str, Any]) -> None:
         out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
 
 
+Format = choices("Format", FORMATS)
+
+
 def report(
     run_dir: Annotated[
         Path, typer.Argument(help="A run directory made by generate/quantize-eval.")
     ],
     fmt: Annotated[
-        str,
+        Format,
         typer.Option(
-            "--format", "-f", help="table, md, json, csv, or html (RUN/report/index.html + plots)."
+            "--format",
+            "-f",
+            help="html: RUN/report/index.html with its figures; md, json, csv: on stdout "
+            f"(an llm-prefill run: {', '.join(LLM_FORMATS)}).",
         ),
-    ] = "table",
+    ] = Format.table,
     plots: Annotated[
         bool, typer.Option("--plots/--no-plots", help="Write PNG figures into RUN/report.")
     ] = False,
@@ -415,71 +417,45 @@ def report(
     ] = True,
 ) -> None:
     """Rebuild the table (and plots) from a run directory alone; optionally gate on a baseline."""
-    from jbkv_cli.llm.run import is_llm_run
+    request = ReportRequest(
+        run_dir,
+        fmt=fmt.value,
+        plots=plots,
+        baseline=baseline,
+        tolerance=tolerance,
+        score=score,
+        lpips=lpips,
+    )
+    built = build_report(request)
+    if built is not None:  # None: a torchrun rank other than 0, which only scored
+        _print_built(built)
 
-    if is_llm_run(run_dir):  # a `jbkv llm-prefill` run: its own table and gate
-        from jbkv_cli.cli.commands.llm import report_llm
 
-        return report_llm(run_dir, fmt, plots, baseline, tolerance, score)
-    if fmt not in ("table", "md", "json", "csv", "html"):
-        raise UsageError(f"--format must be table, md, json, csv or html, got {shown(fmt)}")
-    tol = parse_tolerances(tolerance)
-    base = load_baseline(baseline) if baseline is not None else None
-    run = RunDir.open(run_dir)
-    if plots:
-        check_writable_dir(run.root / "report", "report folder")
-    if score:
-        check_writable_dir(run.root / "metrics", "metrics folder")
-        distributed.setup()  # under torchrun: each rank scores a share of the pairs
-        score_fidelity(run, lpips=lpips)
-    if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports
-        return
-    rows = build_rows(run)
-    unscored = [
-        r.variant
-        for r in rows
-        if not r.is_reference and r.videos and (r.psnr is None or r.psnr.n < r.videos)
-    ]
-    if unscored and not score:
+def _print_built(built: Report) -> None:
+    """What ``jbkv report`` prints: a warning for unscored variants, the report in its format,
+    the figures written, the gate's outcome."""
+    if built.unscored:
         warn(
-            f"{len(unscored)} variant(s) not scored yet (PSNR/SSIM show —): "
-            f"run `jbkv report {run.root} --score`"
+            f"{len(built.unscored)} variant(s) not scored yet (PSNR/SSIM show —): "
+            f"run `jbkv report {built.run.root} --score`"
         )
-    made = []  # the figures first: a failure while printing cannot lose them
-    if plots and fmt != "html":
-        from jbkv_cli.report.plots import make_plots
+    if built.fmt != "table":
+        typer.echo(render(built), nl=False)
+    elif built.kind == LLM:
+        from jbkv_cli.cli.commands.llm import print_rows
 
-        made = make_plots(run, rows, run.root / "report")
-    if fmt == "table":
-        print_table(out, rows, f"{run.manifest.get('model')} · {run.root}")
-        note = lpips_note(rows)
+        print_rows(built.run, built.rows)
+    else:
+        print_table(out, built.rows, f"{built.run.manifest.get('model')} · {built.run.root}")
+        note = lpips_note(built.rows)
         if note:
             warn(f"LPIPS n/a: {note}")
-        print_comparisons(to_json(run, rows))
-    elif fmt == "md":
-        typer.echo(to_markdown(rows) + comparisons_markdown(to_json(run, rows)), nl=False)
-    elif fmt == "json":
-        typer.echo(json.dumps(to_json(run, rows), indent=2))
-    elif fmt == "csv":
-        typer.echo(to_csv(rows), nl=False)
-    else:
-        typer.echo(_write_html(run, rows))
-    for p in made:
+        print_comparisons(built.data)
+    for p in built.figures:
         err.print(f"wrote {p}", highlight=False)
-    if base is not None:
-        gate = check_baseline(to_json(run, rows), base, tol)
-        print_gate_outcome([] if gate.passed else gate.problems, gate.summary(), baseline)
-
-
-def _write_html(run: RunDir, rows: list[dict[str, Any]]) -> Path:
-    """The HTML report with the figures it shows (made here, so the page is complete)."""
-    from jbkv_cli.report.html import write_html_report
-    from jbkv_cli.report.plots import make_plots
-
-    report_dir = run.root / "report"
-    for p in make_plots(run, rows, report_dir):
-        err.print(f"wrote {p}", highlight=False)
-    return write_html_report(run, to_json(run, rows), report_dir)
+    if built.gate is not None:
+        gate = built.gate
+        print_gate_outcome(gate.problems, gate.summary, gate.baseline)
 
 
 def register(app: typer.Typer) -> None:

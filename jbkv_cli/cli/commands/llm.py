@@ -2,17 +2,15 @@
 
 Teacher-forced NLL of a current chunk predicted from a cached prefix stored by each variant
 (reference, INT2/INT4 by method, with and without the correction), paired within (chunk size,
-length bin, example). Library: :mod:`jbkv_cli.llm`; this module parses, validates before it
-creates anything, runs, writes the report and prints it.
+length bin, example). This module parses the options into a
+:class:`~jbkv_cli.llm.job.PrefillRequest`, makes the one call :func:`~jbkv_cli.llm.job.prefill`
+(which checks everything before it creates anything, runs and writes the report) and prints.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -20,32 +18,29 @@ from jbkv_cli.cli.options import (
     CLI_CORRECTIONS,
     DeviceOpt,
     MethodOptionOpt,
+    choices,
     parse_group_sizes,
     parse_list,
     parse_method_options,
-    print_gate_outcome,
-    resolve_device,
 )
-from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.llm.job import (
+    BACKENDS,
+    DTYPES,
+    EMBEDDED_DEFAULTS,
+    MAX_EXAMPLES,
+    PAPER_DEFAULTS,
+    PrefillRequest,
+    PrefillResult,
+    prefill,
+)
 from jbkv_cli.quant.registry import METHODS, method_names
-from jbkv_cli.utils import distributed
-from jbkv_cli.utils.atomic import check_writable_dir, write_text_atomic
-from jbkv_cli.utils.console import err, out, plain, warn
-from jbkv_cli.utils.errors import JbkvError, UsageError, shown
+from jbkv_cli.utils.console import err, out, plain
+from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import MAX_SEED
 
-EMBEDDED_DEFAULTS = {"data": "synthetic", "bins": "128-256,256-512", "chunks": "32,64,128,256"}
-PAPER_DEFAULTS = {
-    "data": "longbench-pro",
-    "bins": "256-512,512-1024",
-    "chunks": "128,512,2048,8192",
-}
-BACKENDS = ("fused", "flex", "reference")
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(name).name or name).strip("._") or "model"
+Backend = choices("Backend", BACKENDS)
+Dtype = choices("Dtype", DTYPES)
 
 
 def _specs(bits: str, quantizers: str, corrections: str, groups: str, options) -> list[KVSpec]:
@@ -69,65 +64,6 @@ def _specs(bits: str, quantizers: str, corrections: str, groups: str, options) -
     return specs
 
 
-def _model_inputs(root: Path, model_id: str, where: str) -> dict[str, Any]:
-    """The model folder's files by content; a run at ``root`` made from other files is refused
-    here, naming the file, before the model loads (:func:`jbkv_cli.run.directory.check_inputs`)."""
-    from jbkv_cli.llm.models import folder_files
-    from jbkv_cli.run.directory import check_inputs
-    from jbkv_cli.run.fingerprints import fingerprint
-
-    inputs = fingerprint(folder_files(where))
-    check_inputs(root, model_id, inputs)
-    return inputs
-
-
-def _check_fit(lm, specs: list[KVSpec], bins, chunks) -> None:
-    """Every method stores this model's heads; the longest job fits its positions and its
-    sliding window (jbkv attention has none); its config holds finite numbers only. Checked
-    before anything is created."""
-    from jbkv_cli.llm.hosting import sliding_windows
-
-    for spec in specs:
-        for method in {spec.key, spec.value} - {None}:
-            try:
-                method.check(lm.head_dim)
-            except ValueError as exc:
-                raise UsageError(f"{method.label} on {lm.name}: {exc}") from None
-    widest = max(bins, key=lambda b: b.hi)
-    keys = widest.hi - 1 + max(chunks)  # the longest prefix and its chunk, read at once
-    if lm.max_positions is not None and keys + 1 > lm.max_positions:
-        raise UsageError(
-            f"the longest job needs {keys + 1} positions (bin {widest.name} + chunk "
-            f"{max(chunks)} + 1) but {lm.name} has {lm.max_positions}; use smaller --bins or "
-            "--chunk-sizes"
-        )
-    bad = _non_finite(lm.model.config.to_dict())
-    if bad is not None:
-        raise JbkvError(
-            f"--model {shown(lm.name)}: its config sets {bad[0]} to {bad[1]}, not a finite number"
-        )
-    windows = sliding_windows(lm.model)
-    if windows and keys > min(windows):
-        raise UsageError(
-            f"{lm.name} attends within a sliding window of {min(windows)} tokens but the "
-            f"longest job reads {keys} keys (bin {widest.name} + chunk {max(chunks)}), and jbkv "
-            "attention has no sliding window; use smaller --bins or --chunk-sizes"
-        )
-
-
-def _non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
-    """The first (dotted key, value) of a config's ``to_dict()`` that is a NaN or an infinity."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where, value
-    if not isinstance(value, dict | list | tuple):
-        return None
-    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-        found = _non_finite(item, f"{where}.{key}" if where else str(key))
-        if found is not None:
-            return found
-    return None
-
-
 def llm_prefill(
     model: Annotated[
         str,
@@ -146,15 +82,16 @@ def llm_prefill(
     bins: Annotated[
         str | None,
         typer.Option(
-            help="Cached-prefix length bins lo-hi (default: tiny 128-256,256-512; else "
-            "256-512,512-1024)."
+            help="Cached-prefix length bins lo-hi (default: tiny "
+            f"{EMBEDDED_DEFAULTS['bins']}; else {PAPER_DEFAULTS['bins']})."
         ),
     ] = None,
     chunk_sizes: Annotated[
         str | None,
         typer.Option(
             "--chunk-sizes",
-            help="Current-chunk sizes (default: tiny 32,64,128,256; else 128,512,2048,8192).",
+            help=f"Current-chunk sizes (default: tiny {EMBEDDED_DEFAULTS['chunks']}; else "
+            f"{PAPER_DEFAULTS['chunks']}).",
         ),
     ] = None,
     bits: Annotated[str, typer.Option(help="Bit widths of the cached prefix.")] = "2,4",
@@ -167,7 +104,7 @@ def llm_prefill(
     group_sizes: Annotated[str, typer.Option("--group-sizes", help="Group sizes.")] = "32",
     method_option: MethodOptionOpt = None,
     examples: Annotated[
-        int, typer.Option(min=1, max=100_000, help="Examples per (bin, chunk size).")
+        int, typer.Option(min=1, max=MAX_EXAMPLES, help="Examples per (bin, chunk size).")
     ] = 16,
     seed: Annotated[
         int, typer.Option(min=0, max=MAX_SEED, help="Seed of the example order and lengths.")
@@ -186,114 +123,56 @@ def llm_prefill(
         bool, typer.Option("--diagnostics/--no-diagnostics", help="ΔP_S / JSD of the prefix.")
     ] = True,
     dtype: Annotated[
-        str, typer.Option(help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16.")
-    ] = "auto",
+        Dtype, typer.Option(help="The reference's dtype; auto: float32 on CPU, bfloat16 on CUDA.")
+    ] = Dtype.auto,
     device: DeviceOpt = None,
-    backend: Annotated[
-        str, typer.Option(help="Corrected attention: fused (default), flex or reference.")
-    ] = "fused",
+    backend: Annotated[Backend, typer.Option(help="Corrected attention's kernel.")] = Backend.fused,
 ) -> None:
     """Teacher-forced NLL of a current chunk over a quantized cached prefix (paper §5.4): the
     reference vs each variant, paired per example, by prefix-length bin and chunk size."""
-    from jbkv_cli.llm.data import data_file, open_source, parse_bins, parse_sizes, select_examples
-    from jbkv_cli.llm.models import EMBEDDED, load_lm, model_files, model_path, resolve_dtype
-    from jbkv_cli.run.directory import check_run_dir
+    from jbkv_cli.llm.data import parse_bins, parse_sizes
 
-    if backend not in BACKENDS:
-        raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {shown(backend)}")
-    embedded = model == EMBEDDED
-    defaults = EMBEDDED_DEFAULTS if embedded else PAPER_DEFAULTS
-    # an empty value is a usage error, not "the default" (None is: the option was not given)
-    bin_list = parse_bins(defaults["bins"] if bins is None else bins)
-    chunk_list = parse_sizes(defaults["chunks"] if chunk_sizes is None else chunk_sizes)
-    specs = _specs(bits, quantizers, corrections, group_sizes, method_option)
-    if data is not None and not data.strip():
-        raise UsageError("--data is empty: give longbench-pro, synthetic or a file")
-    data = defaults["data"] if data is None else data
-    dev = resolve_device(device)
-    dtype_name = resolve_dtype(dtype, dev)
-    where, _ = model_path(model)
-    model_id = (
-        EMBEDDED if embedded else (str(Path(where).resolve()) if Path(where).is_dir() else where)
+    # an empty value is a usage error, not the default (None: the option was not given)
+    bin_list = None if bins is None else tuple(parse_bins(bins))
+    chunk_list = None if chunk_sizes is None else tuple(parse_sizes(chunk_sizes))
+    specs = tuple(_specs(bits, quantizers, corrections, group_sizes, method_option))
+    request = PrefillRequest(
+        specs=specs,
+        model=model,
+        data=data,
+        bins=bin_list,
+        chunk_sizes=chunk_list,
+        examples=examples,
+        seed=seed,
+        out=out_dir,
+        json_path=json_path,
+        plots=plots,
+        diagnostics=diagnostics,
+        dtype=dtype.value,
+        device=device,
+        backend=backend.value,
     )
-    root = out_dir or Path("runs") / "llm-prefill" / _slug(model)
-    longest = max(b.hi for b in bin_list) + max(chunk_list)
-    source = open_source(data, seed, longest, embedded=embedded)
-    if json_path is not None:  # not over a file of a run, nor over the data or the model
-        reads = [p for p in [data_file(data), *model_files(model)] if p is not None]
-        check_output_file(json_path, "--json", runs=[root], inputs=reads)
-    distributed.setup(dev)
-    inputs = distributed.from_rank0(
-        lambda: _model_inputs(root, model_id, where), "fingerprinting the model"
-    )
-    lm = load_lm(model, dtype_name, dev)
-    _check_fit(lm, specs, bin_list, chunk_list)
-    settings: dict[str, Any] = {
-        "kind": "llm-prefill",
-        "model_fingerprint": lm.fingerprint,
-        "data": source.name,
-        "data_fingerprint": source.fingerprint,
-        "bins": [b.name for b in bin_list],
-        "chunk_sizes": chunk_list,
-        "examples": examples,
-        "seed": seed,
-        "dtype": dtype_name,
-    }
-    check_run_dir(root, model_id, settings, inputs)  # creates nothing; refuses other settings
-    plan = distributed.from_rank0(
-        lambda: select_examples(source, lm.tokenize, bin_list, chunk_list, examples, seed),
-        "choosing the examples",
-    )
-    chosen, found = plan
-    short = {cell: n for cell, n in found.items() if n < examples}
-    if not chosen:
-        raise JbkvError(
-            f"no example of {source.description} is long enough for any (bin, chunk size)"
-        )
-    from jbkv_cli.llm.evaluate import run_jobs
-    from jbkv_cli.llm.run import LlmRun
-    from jbkv_cli.run.experiment import open_run
+    result = prefill(request)
+    if result.rows is not None:  # rank 0 (under torchrun the others only score)
+        _print_result(result)
 
-    run = LlmRun(open_run(root, model_id, settings, inputs))
-    if short:
-        warn(
-            f"{len(short)} (chunk, bin) cell(s) have fewer than {examples} long-enough examples "
-            f"(e.g. {next(iter(short))}: {next(iter(short.values()))})"
-        )
-    result = run_jobs(lm, run, specs, chosen, diagnostics=diagnostics, backend=backend)
-    if not distributed.is_main():
-        return
-    shows = _write(run, plots, json_path)
+
+def _print_result(result: PrefillResult) -> None:
+    """The jobs' line, the table and the files written (all written before this prints)."""
+    jobs = result.jobs
+    per_rank = (
+        f" · per rank: {', '.join(map(str, jobs.per_rank))}" if len(jobs.per_rank) > 1 else ""
+    )
     err.print(
-        plain(result.scored, "bold")
+        plain(jobs.scored, "bold")
         + plain(
-            f" (example, variant) jobs scored, {result.skipped} already done · "
-            f"{result.seconds:.1f} s · run: {run.root}"
-            + (
-                f" · per rank: {', '.join(map(str, result.per_rank))}"
-                if len(result.per_rank) > 1
-                else ""
-            )
+            f" (example, variant) jobs scored, {jobs.skipped} already done · "
+            f"{jobs.seconds:.1f} s · run: {result.run.root}{per_rank}"
         ),
         highlight=False,
     )
-    for show in shows:
-        show()
-
-
-def _write(run, plots: bool, json_path: Path | None) -> list:
-    """Write every file first, then return the printers (a failure while printing loses
-    nothing)."""
-    from functools import partial
-
-    from jbkv_cli.llm.report import build_rows, write_report
-
-    rows = build_rows(run)
-    data, made = write_report(run, rows, plots=plots)
-    if json_path is not None:
-        write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
-        made.append(json_path)
-    return [partial(_print, run, rows), partial(_print_files, made)]
+    print_rows(result.run, result.rows)
+    err.print("wrote " + ", ".join(str(p) for p in result.written), highlight=False)
 
 
 def _title(run) -> str:
@@ -304,7 +183,8 @@ def _title(run) -> str:
     )
 
 
-def _print(run, rows) -> None:
+def print_rows(run, rows) -> None:
+    """An llm-prefill run's table, then each correction's ΔNLL against its uncorrected variant."""
     from jbkv_cli.llm.report import ALL, rich_table
 
     out.print(rich_table(rows, _title(run)), crop=False)
@@ -318,50 +198,6 @@ def _print(run, rows) -> None:
                 ),
                 highlight=False,
             )
-
-
-def _print_files(made: list[Path]) -> None:
-    err.print("wrote " + ", ".join(str(p) for p in made), highlight=False)
-
-
-def report_llm(
-    run_dir: Path,
-    fmt: str,
-    plots: bool,
-    baseline: Path | None,
-    tolerance: str | None,
-    score: bool,
-) -> None:
-    """``jbkv report RUN`` for an llm-prefill run: the table (or md/json/csv), the gate."""
-    from jbkv_cli.llm.gate import check_baseline, load_baseline, parse_tolerances, summary
-    from jbkv_cli.llm.report import build_rows, plot, to_json, to_markdown
-    from jbkv_cli.llm.run import LlmRun
-
-    if fmt not in ("table", "md", "json"):
-        raise UsageError(
-            f"--format for an llm-prefill run must be table, md or json, got {shown(fmt)}"
-        )
-    if score:
-        raise UsageError("--score is for video runs; llm-prefill records already hold their NLL")
-    tol = parse_tolerances(tolerance)
-    base = load_baseline(baseline) if baseline is not None else None
-    run = LlmRun.open(run_dir)
-    if plots:
-        check_writable_dir(run.root / "report", "report folder")
-    rows = build_rows(run)
-    made = [plot(rows, run.root / "report" / "nll.png")] if plots else []
-    if fmt == "table":
-        _print(run, rows)
-    elif fmt == "md":
-        typer.echo(to_markdown(rows), nl=False)
-    else:
-        typer.echo(json.dumps(to_json(run, rows), indent=2))
-    for p in made:
-        if p is not None:
-            err.print(f"wrote {p}", highlight=False)
-    if base is not None:
-        gate = check_baseline(to_json(run, rows), base, tol)
-        print_gate_outcome([] if gate.passed else gate.problems, summary(gate), baseline)
 
 
 def register(app: typer.Typer) -> None:

@@ -9,44 +9,24 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from jbkv_cli.metrics.vbench_env import default_root, locate_env, require_env, setup_env
-from jbkv_cli.metrics.vbench_run import (
-    CUSTOM_DIMENSIONS,
-    MODES,
-    VBenchConfig,
-    check_weights,
-    evaluate_path,
-)
+from jbkv_cli.cli.options import choices
+from jbkv_cli.metrics.vbench_env import default_root, locate_env, setup_env
+from jbkv_cli.metrics.vbench_job import DEVICES, VBenchOutcome, VBenchRequest, run_vbench
+from jbkv_cli.metrics.vbench_run import MODES
 from jbkv_cli.metrics.vbench_scores import DIMENSIONS
-from jbkv_cli.metrics.vbench_weights import (
-    EXTRA_PACKAGES,
-    require_weights,
-    weights_status,
-)
+from jbkv_cli.metrics.vbench_weights import EXTRA_PACKAGES, weights_status
 from jbkv_cli.report.table import print_vbench_table, vbench_variants
-from jbkv_cli.utils import distributed
 from jbkv_cli.utils.console import err, out, plain, visible, warn
-from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.utils.progress import Progress, counting_columns
+
+Mode = choices("Mode", MODES)
+Device = choices("Device", DEVICES)
 
 vbench_app = typer.Typer(
     name="vbench",
     help="Score videos with VBench / VBench-Long, run in its own cached environment.",
     no_args_is_help=True,
 )
-
-
-def parse_dimensions(values: list[str] | None, mode: str) -> tuple[str, ...]:
-    """``--dimensions a,b -d c``; ``all`` = the 16; ``custom`` = those valid on custom videos."""
-    if not values:
-        return DIMENSIONS if mode.endswith("standard") else CUSTOM_DIMENSIONS
-    dims: list[str] = []
-    for value in values:
-        for item in value.split(","):
-            item = item.strip().replace(" ", "_")
-            group = {"all": DIMENSIONS, "custom": CUSTOM_DIMENSIONS}.get(item, (item,))
-            dims.extend(d for d in group if d and d not in dims)
-    return tuple(dims)
 
 
 def print_weights(long_mode: bool = True, detectron2: bool | None = None) -> None:
@@ -132,10 +112,8 @@ def run_command(
             "*_vbench_standard modes.",
         ),
     ] = None,
-    mode: Annotated[
-        str, typer.Option("--mode", help=f"One of {', '.join(MODES)}.")
-    ] = "long_custom_input",
-    device: Annotated[str, typer.Option("--device", help="auto, cpu or cuda.")] = "auto",
+    mode: Annotated[Mode, typer.Option("--mode", help="VBench's mode.")] = Mode.long_custom_input,
+    device: Annotated[Device, typer.Option("--device", help="Where VBench runs.")] = Device.auto,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Where metrics go (default PATH/metrics).")
     ] = None,
@@ -154,34 +132,33 @@ def run_command(
     root: Annotated[Path | None, typer.Option("--root", help="VBench env cache folder.")] = None,
 ) -> None:
     """Evaluate every variant's videos with VBench; write metrics/vbench.json and print a table."""
-    config = VBenchConfig(
-        dimensions=parse_dimensions(dimensions, mode),
-        mode=mode,
-        device=device,
-        dev_flag=dev_flag,
+    request = VBenchRequest(
+        path=path,
+        dimensions=tuple(dimensions or ()),
+        mode=mode.value,
+        device=device.value,
+        out=out_dir,
+        skip_missing=skip_missing,
         static_filter=static_filter,
+        dev_flag=dev_flag,
+        force=force,
+        root=root,
     )
-    config.validate()
-    distributed.setup(None if device == "auto" else device)  # torchrun: a share of the variants
-    env = require_env(root)
-    if skip_missing:
-        lacking = check_weights(config)
-        if lacking:
-            warn(f"skipping dimensions without weights: {', '.join(lacking)}")
-            config.dimensions = tuple(d for d in config.dimensions if d not in lacking)
-            if not config.dimensions:
-                raise JbkvError("no selected VBench dimension has its weights")
-    else:
-        require_weights(
-            config.dimensions, long_mode=config.long_mode, static_filter=config.static_filter
-        )
+    run_and_print(request)
 
+
+def run_and_print(request: VBenchRequest) -> VBenchOutcome:
+    """:func:`~jbkv_cli.metrics.vbench_job.run_vbench` with a progress bar per variant, then
+    the table; a failed dimension is one error line (exit 1) after it. The bars start with the
+    first dimension, so a refusal before it is one line on stderr and nothing else."""
     progress = Progress(*counting_columns())
     tasks: dict[str, Any] = {}
 
     def on_event(variant: str, kind: str, event: dict[str, Any]) -> None:
+        if not tasks:
+            progress.start()
         if variant not in tasks:
-            tasks[variant] = progress.add_task(visible(variant), total=len(config.dimensions))
+            tasks[variant] = progress.add_task(visible(variant), total=event["total"])
         task = tasks[variant]
         dim = event.get("dimension", "")
         if kind == "start":
@@ -192,17 +169,15 @@ def run_command(
             progress.advance(task)
             warn(f"{variant}: {dim} failed: {event.get('message', '')}")
 
-    with progress:
-        doc, summary_path = evaluate_path(path, env, config, out_dir, on_event, force)
-    print_vbench_table(out, list(vbench_variants(doc).items()))
-    failed = {n: v["errors"] for n, v in doc["variants"].items() if v["errors"]}
-    out.print(f"wrote {summary_path}")
-    if failed and distributed.is_main():  # rank 0 alone, so the line is printed once
-        raise JbkvError(
-            "VBench failed for "
-            + "; ".join(f"{n}: {', '.join(e)}" for n, e in failed.items())
-            + f" (logs under {summary_path.parent / 'vbench'})"
-        )
+    try:
+        outcome = run_vbench(request, on_event)
+    finally:
+        if tasks:
+            progress.stop()
+    print_vbench_table(out, list(vbench_variants(outcome.doc).items()))
+    out.print(f"wrote {outcome.summary_path}")
+    outcome.check()
+    return outcome
 
 
 def register(app: typer.Typer) -> None:
