@@ -27,8 +27,9 @@ from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.models.base import ProgressFn
 from jbkv_cli.models.hy_worldplay.config import Schedule
 from jbkv_cli.models.hy_worldplay.dit import Latents, WorldPlayDiT
-from jbkv_cli.models.hy_worldplay.memory import WorldPlayCache
+from jbkv_cli.models.hy_worldplay.memory import TEXT, WorldPlayCache
 from jbkv_cli.models.hy_worldplay.trajectory import Trajectory
+from jbkv_cli.models.loop import LoopCaches
 
 
 @dataclass
@@ -87,9 +88,10 @@ def rollout(
         observer=observer,
         backend=backend,
     )
+    books = LoopCaches({TEXT: cache.text, **cache.memory}, chunks, progress=progress)
     if not uncached:
         dit.text_pass(cond.txt, cond.vec_txt, cache.store_text)
-        cache.measure()
+        books.committed()
     latents = noise.to(dit.dtype if latent_dtype is None else latent_dtype).clone()
     traj = cond.trajectory
     for c in range(chunks):
@@ -99,10 +101,8 @@ def rollout(
             x_mem = latents[:, :, torch.as_tensor(idx, dtype=torch.long)]
             memory = _latents(x_mem, cond.cond, idx, schedule.memory_timestep, traj)
             if not uncached:
-                cache.memory_pass = True
-                dit.vision_pass(memory, 0, cache.attend, final=False)
-                cache.memory_pass = False
-                cache.measure()
+                with books.commit_pass(c, cache, flag="memory_pass"):
+                    dit.vision_pass(memory, 0, cache.attend, final=False)
         current = list(range(c * chunk, (c + 1) * chunk))
         for i in range(schedule.steps):
             t = sigmas[i] * schedule.num_train_timesteps
@@ -116,11 +116,6 @@ def rollout(
                 on_step(c, i, x, v)
             x = x.float() + v * (sigmas[i + 1] - sigmas[i])
             latents[:, :, c * chunk : (c + 1) * chunk] = x.to(latents.dtype)
-        if progress is not None:
-            progress(c + 1, chunks)
-    info = {
-        "kv_cache_bytes": cache.peak.total,
-        "kv_cache_bytes_by_branch": dict(cache.peak.by_part),
-        "memory_latents": [len(p) for p in cond.plan],
-    }
-    return latents, info
+        books.chunk_done(c + 1)
+    info = books.facts(split="kv_cache_bytes_by_branch")
+    return latents, info | {"memory_latents": [len(p) for p in cond.plan]}
