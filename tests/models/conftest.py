@@ -28,6 +28,7 @@ class PlainCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     working_nbytes = 0
+    pruning = None  # never prunes
 
 
 @pytest.fixture
