@@ -47,13 +47,13 @@ def _reset(device: str) -> None:
 def _components(tiny: bool, device: str):
     import diffusers
 
-    from jbkv_cli.models.wan.diffusers_wan import cast_keeping_fp32
     from jbkv_cli.models.wan.self_forcing.components import (
         MAX_SEQUENCE_LENGTH,
         WAN_T2V_1_3B,
         Components,
         tiny_components,
     )
+    from jbkv_cli.models.wan.weights import cast_keeping_fp32
 
     if tiny:
         parts = tiny_components()
@@ -90,7 +90,7 @@ def main() -> int:
 
     from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
     from jbkv_cli.models.base import Video
-    from jbkv_cli.models.wan.diffusers_wan import decode_wan
+    from jbkv_cli.models.wan.decode import decode_wan
     from jbkv_cli.models.wan.self_forcing.model import SelfForcing, build_settings
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -3,7 +3,7 @@
 :class:`ChunkKVCache` does it for one layer, :func:`layer_caches` builds a model's stack."""
 
 from jbkv_cli.kvcache.cache import ChunkKVCache
-from jbkv_cli.kvcache.layers import HeadLayout, PeakBytes, layer_caches, nbytes_by_kind
+from jbkv_cli.kvcache.layers import HeadLayout, layer_caches
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spec import FULL_PRECISION, REFERENCE_ID, KVSpec
 
@@ -14,7 +14,5 @@ __all__ = [
     "HeadLayout",
     "KVSpec",
     "KeyRope",
-    "PeakBytes",
     "layer_caches",
-    "nbytes_by_kind",
 ]

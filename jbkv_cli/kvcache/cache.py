@@ -149,7 +149,6 @@ class ChunkKVCache:
         self.policies = {role: _policy(spec, role) for role in ROLES}
         _check_policies(spec, self.policies, rope)
         self.pruning = pruning
-        self.peak_by_kind: dict[str, int] = {}
         self.spec = spec
         self.window = window
         self.keep_view = keep_view
@@ -271,8 +270,6 @@ class ChunkKVCache:
             self.pending = QueryStats()
         self._evict()
         self._view = None
-        if self.pruning is not None and self.nbytes >= self.peak_nbytes:
-            self.peak_by_kind = self.nbytes_by_kind()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
         meter = coverage.active()
         if meter is not None and (self.spec.quantized or self.pruning is not None):

@@ -6,14 +6,12 @@ its layer's pruning plan when the variant prunes.
 
 A model adapter states its :class:`HeadLayout` (``head_layout()``); a pruner turns it into one
 plan per layer (:meth:`~jbkv_cli.prune.base.KVPruner.plans`), read from the pruner's head
-profile for ``model``. :func:`nbytes_by_kind` sums what the stack holds per class of KV head,
-and :class:`PeakBytes` keeps the most a stack held after a commit, split by class at that moment.
+profile for ``model``. What a loop's stacks hold at their peak is counted by
+:class:`jbkv_cli.models.loop.LoopCaches`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import TypedDict
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
@@ -56,28 +54,3 @@ def layer_caches(
     for index, cache in enumerate(caches):
         cache.layer = index  # the diagnostics record per layer
     return caches
-
-
-def nbytes_by_kind(caches: Iterable[ChunkKVCache]) -> dict[str, int]:
-    """What the caches hold now, per class of KV head of their pruner (empty without one)."""
-    out: dict[str, int] = {}
-    for cache in caches:
-        if getattr(cache, "pruning", None) is None:
-            continue
-        for kind, held in cache.nbytes_by_kind().items():
-            out[kind] = out.get(kind, 0) + held
-    return out
-
-
-@dataclass
-class PeakBytes:
-    """The most bytes a stack of caches held (:meth:`update` after each commit), and what they
-    held per class of KV head at that moment (empty without a pruner)."""
-
-    total: int = 0
-    by_kind: dict[str, int] = field(default_factory=dict)
-
-    def update(self, caches: Sequence[ChunkKVCache]) -> None:
-        held = sum(cache.nbytes for cache in caches)
-        if held >= self.total:
-            self.total, self.by_kind = held, nbytes_by_kind(caches)

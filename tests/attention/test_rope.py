@@ -25,7 +25,7 @@ from jbkv_cli.attention.rope import (
     whole_pairs,
 )
 from jbkv_cli.models.tiny.model import TinyConfig, apply_rope, rope_angles, rope_tables
-from jbkv_cli.models.wan.diffusers_cache import rotate_interleaved
+from jbkv_cli.models.wan.rope import rotate_interleaved
 
 D, LK, LQ = 16, 12, 5
 

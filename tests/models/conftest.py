@@ -15,6 +15,7 @@ class PlainCache:
 
     spec = FULL_PRECISION
     working_nbytes = 0
+    pruning = None  # never prunes
 
     def __init__(self, spec=None, window=None, observer=None):
         self.k, self.v, self.window, self.committed = [], [], window, 0

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from jbkv_cli.models import registry
-from jbkv_cli.models.wan.diffusers_wan import Required
+from jbkv_cli.models.wan.weights import Required
 from tests.models.hy_worldplay.test_hy_worldplay_checkpoint import full_layout
 
 

@@ -16,8 +16,8 @@ forward attends ``[text | memory | current]`` and caches nothing of the current 
   ``[text | memory | current]`` with the variant's correction on every cached key whose step
   is known, each branch with its own query (the PRoPE branch's ``P^T q``: its scores are
   ``P^T q . P^-1 k``, so its quantization error is seen through that query);
-- bytes per part (text, each branch's memory) from the stored tensors; the peak is after the
-  memory pass of the chunk that holds the most.
+- bytes per part (text, each branch's memory) from the stored tensors, counted by the rollout's
+  :class:`~jbkv_cli.models.loop.LoopCaches` after the text pass and after each memory pass.
 
 Diagnostics (an :class:`~jbkv_cli.attention.diagnostics.AttentionObserver`) see every
 ``observer.every``-th denoising read of each (block, branch), with the full-precision copies.
@@ -25,7 +25,7 @@ Diagnostics (an :class:`~jbkv_cli.attention.diagnostics.AttentionObserver`) see 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -74,15 +74,6 @@ def combine(views: list[CachedKV | None]) -> CachedKV | None:
     return out
 
 
-@dataclass
-class MemoryBytes:
-    """Bytes held, from the stored tensors: the text (all blocks) and each branch's memory,
-    at the chunk where their sum peaked."""
-
-    total: int = 0
-    by_part: dict[str, int] = field(default_factory=dict)
-
-
 class WorldPlayCache:
     """Text and memory caches of every block, and the attention that reads them."""
 
@@ -108,7 +99,6 @@ class WorldPlayCache:
         self.observer = observer
         self.backend = backend
         self.memory_pass = False
-        self.peak = MemoryBytes()
         self._calls: dict[tuple[int, str], int] = {}
 
     # ------------------------------------------------------------------ filling
@@ -116,20 +106,6 @@ class WorldPlayCache:
     def store_text(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The text pass's K/V of ``layer`` (``[1, H, L_txt, D]``), committed once."""
         self.text[layer].commit(k, v)
-
-    def parts(self) -> dict[str, int]:
-        """Bytes held now by the text caches and each branch's memory caches."""
-        out = {TEXT: sum(c.nbytes for c in self.text)}
-        for b in BRANCHES:
-            out[b] = sum(c.nbytes for c in self.memory[b])
-        return out
-
-    def measure(self) -> None:
-        """Update the peak (after a memory pass, when the most is held)."""
-        parts = self.parts()
-        total = sum(parts.values())
-        if total >= self.peak.total:
-            self.peak = MemoryBytes(total, parts)
 
     # ------------------------------------------------------------------ reading
 

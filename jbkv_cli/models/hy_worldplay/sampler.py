@@ -27,8 +27,9 @@ from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.models.base import ProgressFn
 from jbkv_cli.models.hy_worldplay.config import Schedule
 from jbkv_cli.models.hy_worldplay.dit import Latents, WorldPlayDiT
-from jbkv_cli.models.hy_worldplay.memory import WorldPlayCache
+from jbkv_cli.models.hy_worldplay.memory import TEXT, WorldPlayCache
 from jbkv_cli.models.hy_worldplay.trajectory import Trajectory
+from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.utils.host_reads import device_copy
 
 
@@ -96,9 +97,10 @@ def rollout(
         observer=observer,
         backend=backend,
     )
+    books = LoopCaches({TEXT: cache.text, **cache.memory}, chunks, progress=progress)
     if not uncached:
         dit.text_pass(cond.txt, cond.vec_txt, cache.store_text)
-        cache.measure()
+        books.committed()
     latents = noise.to(dit.dtype if latent_dtype is None else latent_dtype).clone()
     traj = cond.trajectory
     plans = plan_indices(cond.plan, latents.device)
@@ -109,10 +111,8 @@ def rollout(
             x_mem = latents[:, :, plans[c]]
             memory = _latents(x_mem, cond.cond, plans[c], schedule.memory_timestep, traj)
             if not uncached:
-                cache.memory_pass = True
-                dit.vision_pass(memory, 0, cache.attend, final=False)
-                cache.memory_pass = False
-                cache.measure()
+                with books.commit_pass(c, cache, flag="memory_pass"):
+                    dit.vision_pass(memory, 0, cache.attend, final=False)
         current = torch.arange(c * chunk, (c + 1) * chunk, device=latents.device)
         for i in range(schedule.steps):
             t = sigmas[i] * schedule.num_train_timesteps
@@ -126,11 +126,6 @@ def rollout(
                 on_step(c, i, x, v)
             x = x.float() + v * (sigmas[i + 1] - sigmas[i])
             latents[:, :, c * chunk : (c + 1) * chunk] = x.to(latents.dtype)
-        if progress is not None:
-            progress(c + 1, chunks)
-    info = {
-        "kv_cache_bytes": cache.peak.total,
-        "kv_cache_bytes_by_branch": dict(cache.peak.by_part),
-        "memory_latents": [len(p) for p in cond.plan],
-    }
-    return latents, info
+        books.chunk_done(c + 1)
+    info = books.facts(split="kv_cache_bytes_by_branch")
+    return latents, info | {"memory_latents": [len(p) for p in cond.plan]}

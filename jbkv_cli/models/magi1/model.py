@@ -9,15 +9,16 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import FULL_PRECISION, HeadLayout, KVSpec
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import VideoModelBase
+from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.models.magi1.config import Magi1Variant
 from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.kv import cache_attend
 from jbkv_cli.models.magi1.sampler import Sampler
-from jbkv_cli.models.magi1.schedule import plan_forwards, validate
+from jbkv_cli.models.magi1.schedule import ForwardPlan, plan_forwards, validate
 from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, build_text_condition
 from jbkv_cli.models.magi1.vae import ViTVAE, tiled_decode, to_uint8
 from jbkv_cli.models.seeding import noise_generator
@@ -148,8 +149,15 @@ class Magi1VideoModel(VideoModelBase):
             variant_shape := gen.latent_shape(variant), generator=noise_generator(seed, prompt)
         )
         noise = noise.to(gen.device)
-        caches = layer_caches(
-            kv, gen.window, model=self.name, observer=observer, **self.head_layout()
+        books = LoopCaches.build(
+            kv,
+            gen.window,
+            model=self.name,
+            heads=self.head_layout(),
+            chunks=gen.num_chunks,
+            observer=observer,
+            probe=probe,
+            progress=progress,
         )
         plans = plan_forwards(gen.num_chunks, sched, max_cached=gen.window)
         sampler = Sampler(
@@ -159,19 +167,14 @@ class Magi1VideoModel(VideoModelBase):
             nearly_clean_refine=gen.nearly_clean_refine,
         )
         done = [0]
-        peak = PeakBytes()
 
         def on_chunk(_c: int) -> None:
             done[0] += 1
-            if progress is not None:
-                progress(done[0], gen.num_chunks)
+            books.chunk_done(done[0])
 
-        def cache_bytes() -> int:
-            peak.update(caches)
-            return peak.total
-
-        def on_plan(plan) -> None:
-            probe.at(plan.index, plan.denoise_idx)
+        def after_plan(plan: ForwardPlan) -> None:
+            if plan.refresh:  # the forward committed its refresh chunk in every layer
+                books.committed()
 
         self._place(self.dit, True)
         try:
@@ -179,16 +182,17 @@ class Magi1VideoModel(VideoModelBase):
                 noise,
                 plans,
                 text,
-                caches if probe is None else probe.wrap(caches),
+                books.layers(),
                 on_chunk=on_chunk,
-                cache_bytes=cache_bytes,
-                on_plan=None if probe is None else on_plan,
+                on_plan=lambda plan: books.at(plan.index, plan.denoise_idx),
+                after_plan=after_plan,
             )
         finally:
             self._place(self.dit, False)
         assert result.latents.shape == variant_shape
-        result.peak_bytes_by_kind = peak.by_kind
-        return result
+        return replace(
+            result, peak_cache_bytes=books.peak.total, peak_bytes_by_kind=books.peak.by_kind
+        )
 
     def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` measures every

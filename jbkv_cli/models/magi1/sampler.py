@@ -51,8 +51,9 @@ class TextCondition:
 @dataclass
 class SampleResult:
     latents: torch.Tensor  # [1, C, T, H, W], float32, clean
-    peak_cache_bytes: int
     forwards: int
+    # the caches' peak bytes (jbkv_cli.models.loop), set by the model that owns the caches
+    peak_cache_bytes: int = 0
     # a pruned cache's bytes at the peak, per class of KV head
     peak_bytes_by_kind: dict[str, int] = field(default_factory=dict)
 
@@ -178,15 +179,15 @@ class Sampler:
         caches: Sequence | None,
         *,
         on_chunk: Callable[[int], None] | None = None,
-        cache_bytes: Callable[[], int] | None = None,
         on_plan: Callable[[ForwardPlan], None] | None = None,
+        after_plan: Callable[[ForwardPlan], None] | None = None,
     ) -> SampleResult:
         """Integrate ``noise [1, C, N·cw, H, W]`` to clean latents along ``plans``
-        (``on_plan`` is told each plan before its forward)."""
+        (``on_plan`` is told each plan before its forward, ``after_plan`` after it and its
+        Euler step, ``on_chunk`` each chunk that has taken all its steps)."""
         sched, cw = self.sched, self.sched.chunk_width
         x = noise.float().clone()
         counts = [0] * (x.shape[2] // cw)
-        peak = 0
         for plan in plans:
             if on_plan is not None:
                 on_plan(plan)
@@ -198,8 +199,8 @@ class Sampler:
             x[:, :, c0 * cw : c1 * cw] += v * dt[None, None, :, None, None]
             for c in range(c0, c1):
                 counts[c] += 1
-            if cache_bytes is not None:
-                peak = max(peak, cache_bytes())
+            if after_plan is not None:
+                after_plan(plan)
             if counts[c0] == sched.num_steps and on_chunk is not None:
                 on_chunk(c0)
-        return SampleResult(latents=x, peak_cache_bytes=peak, forwards=len(plans))
+        return SampleResult(latents=x, forwards=len(plans))

@@ -91,9 +91,10 @@ class TinyVideoModel(VideoModelBase):
         out = sample(self.model, parsed.token_ids, noise, kv, self.sampler, progress, observer)
         frames = (out.frames * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
         info = {"dtype": "float32", "device": self.device, "kv": kv.label, **self.settings}
-        if out.kv_bytes_by_kind is not None:
-            info["kv_cache_bytes_by_head"] = out.kv_bytes_by_kind
-        return Video(frames, FPS, out.kv_cache_bytes, info)
+        bytes_by_head = out.facts.get("kv_cache_bytes_by_head")
+        if bytes_by_head is not None:
+            info["kv_cache_bytes_by_head"] = bytes_by_head
+        return Video(frames, FPS, out.facts["kv_cache_bytes"], info)
 
     def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""

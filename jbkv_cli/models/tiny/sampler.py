@@ -14,7 +14,8 @@ For chunk ``i = 0 .. N-1``:
 With a pruner in the :class:`KVSpec`, each layer's cache gets its pruning state from the
 pruner's profile for ``tiny`` (frames of ``(H/p)(W/p)`` tokens). A ``probe``
 (:class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the caches and is told the chunk and
-denoising step of every forward (``None`` for the refresh pass).
+denoising step of every forward (``None`` for the refresh pass). The caches' bookkeeping (peak
+bytes after each refresh pass, progress) is :class:`~jbkv_cli.models.loop.LoopCaches`'.
 
 All noise (``eps_i``, ``eps'_i``) is drawn up front on the CPU from
 ``noise_generator(seed, prompt)``, so every KV variant of a (prompt, seed) sees identical inputs.
@@ -25,12 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import layer_caches
 from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.models.seeding import noise_generator
 from jbkv_cli.models.tiny.model import TinyDiT, key_rope, unpatchify
 
@@ -47,12 +49,12 @@ class SamplerSettings:
 
 @dataclass
 class Generated:
-    """Frames in [0, 1] ``[T, 3, H, W]`` and the peak bytes held by all layers' caches (and,
-    when pruning, per class of head: each layer's split at its peak)."""
+    """Frames in [0, 1] ``[T, 3, H, W]`` and the cache facts of
+    :meth:`~jbkv_cli.models.loop.LoopCaches.facts` (``kv_cache_bytes``: the peak bytes all
+    layers' caches held after a refresh pass; when pruning, ``kv_cache_bytes_by_head``)."""
 
     frames: torch.Tensor
-    kv_cache_bytes: int
-    kv_bytes_by_kind: dict[str, int] | None = None
+    facts: dict[str, Any]
 
 
 def draw_noise(model: TinyDiT, num_chunks: int, seed: int, prompt: str) -> torch.Tensor:
@@ -78,10 +80,18 @@ def sample(
     device = next(model.parameters()).device
     pre = kv.key_layout == "pre-rope"
     rope = key_rope(cfg, device) if pre else None
-    caches = layer_caches(
-        kv, settings.window, model="tiny", observer=observer, rope=rope, **cfg.head_layout
+    books = LoopCaches.build(
+        kv,
+        settings.window,
+        model="tiny",
+        heads=cfg.head_layout,
+        chunks=settings.num_chunks,
+        observer=observer,
+        rope=rope,
+        probe=probe,
+        progress=progress,
     )
-    layers = caches if probe is None else probe.wrap(caches)
+    layers = books.layers()
     word_ids = torch.tensor([words], device=device)
     grid = [1.0 - k / settings.steps for k in range(settings.steps + 1)]
     noise = noise.to(device)  # once per video: a copy from the host per chunk waits for the device
@@ -90,29 +100,20 @@ def sample(
         x = noise[i, 0][None]
         x0 = x
         for step, (t, t_next) in enumerate(pairwise(grid)):
-            if probe is not None:
-                probe.at(i, step)
+            books.at(i, step)
             x0 = model.forward_chunk(
                 x, torch.full((1,), t, device=device), word_ids, i, layers, pre_rope=pre
             )
             x = x0 + (t_next / t) * (x - x0)
         tc = settings.ctx_noise
         ctx = (1 - tc) * x0 + tc * noise[i, 1][None]
-        if probe is not None:
-            probe.at(i, None)
-        model.forward_chunk(
-            ctx, torch.full((1,), tc, device=device), word_ids, i, layers, True, pre_rope=pre
-        )
+        with books.commit_pass(i):
+            model.forward_chunk(
+                ctx, torch.full((1,), tc, device=device), word_ids, i, layers, True, pre_rope=pre
+            )
         chunks.append(x0)
-        if progress is not None:
-            progress(i + 1, settings.num_chunks)
+        books.chunk_done(i + 1)
     tokens = torch.cat(chunks, 1)
     video = unpatchify(tokens, cfg.patch_size, cfg.channels, cfg.image_size)[0]
     frames = ((video.float().cpu() + 1) / 2).clamp(0, 1)
-    by_kind = None
-    if kv.pruner is not None:
-        by_kind = {}
-        for c in caches:
-            for kind, held in c.peak_by_kind.items():
-                by_kind[kind] = by_kind.get(kind, 0) + held
-    return Generated(frames, sum(c.peak_nbytes for c in caches), by_kind)
+    return Generated(frames, books.facts())

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from jbkv_cli.models.safetensors_io import check_state_dict
-from jbkv_cli.models.wan.diffusers_wan import hf_cache_snapshot
 from jbkv_cli.models.wan.matrix_game.checkpoint import rename_keys
 from jbkv_cli.models.wan.matrix_game.clip import VisionTower, visual_state
 from jbkv_cli.models.wan.matrix_game.config import Preset
 from jbkv_cli.models.wan.matrix_game.dit import MatrixGameDiT
+from jbkv_cli.models.wan.weights import hf_cache_snapshot
 from jbkv_cli.utils.errors import WeightsNotFoundError
 
 REPO_ID = "Skywork/Matrix-Game-2.0"

@@ -58,9 +58,10 @@ from jbkv_cli.models.base import ProgressFn, Video
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.models.precision import UPSTREAM, Precision
 from jbkv_cli.models.seeding import noise_generator
-from jbkv_cli.models.wan.diffusers_wan import decode_wan
+from jbkv_cli.models.wan.decode import decode_wan
 from jbkv_cli.models.wan.matrix_game.actions import Actions, read_actions
 from jbkv_cli.models.wan.matrix_game.attention import CachedAttention
 from jbkv_cli.models.wan.matrix_game.config import Preset
@@ -208,8 +209,15 @@ class MatrixGame2(VideoModelBase):
 
     # ------------------------------------------------------------------ the loop
 
-    def caches(self, kv: KVSpec, observer: AttentionObserver | None = None):
-        """(main caches, mouse caches, keyboard caches) for spec ``kv``."""
+    def caches(
+        self,
+        kv: KVSpec,
+        observer: AttentionObserver | None = None,
+        probe: Any = None,
+        progress: ProgressFn | None = None,
+    ) -> LoopCaches:
+        """The loop's caches for spec ``kv``, by part: ``main`` (one per block, probed) and the
+        ActionModule's ``mouse`` and ``keyboard`` (one per action block each)."""
         s, d = self.config, self.preset.dit
         spec = self.resolve_kv(kv)
         if spec.pruner is not None and s.commit_frames != s.chunk_frames:
@@ -222,9 +230,10 @@ class MatrixGame2(VideoModelBase):
         )
         action_spec = replace(spec, pruner=None) if s.quantize_actions else FULL_PRECISION
         blocks = d.action.blocks
-        mouse = {b: ChunkKVCache(action_spec, s.window) for b in blocks} if d.action.mouse else {}
-        keyboard = {b: ChunkKVCache(action_spec, s.window) for b in blocks}
-        return main, mouse, keyboard
+        mouse = [ChunkKVCache(action_spec, s.window) for _ in blocks] if d.action.mouse else []
+        keyboard = [ChunkKVCache(action_spec, s.window) for _ in blocks]
+        parts = {"main": main, "mouse": mouse, "keyboard": keyboard}
+        return LoopCaches(parts, s.num_chunks, probe=probe, progress=progress, probed=["main"])
 
     def flow(self, x, t: float, f0: int, cond: Conditions, attn) -> torch.Tensor:
         """The DiT's flow prediction for chunk latents ``x`` at latent frame ``f0`` (in the
@@ -274,50 +283,34 @@ class MatrixGame2(VideoModelBase):
         ``probe`` (a :class:`~jbkv_cli.prune.profile.FrameMassProbe`) wraps the main caches and
         is told the chunk and step before each forward (``None`` for the clean pass)."""
         s = self.config
-        main, mouse, keyboard = self.caches(kv, observer)
-        layers = main if probe is None else probe.wrap(main)
-        attn = CachedAttention(layers, mouse, keyboard, s.attention_backend)
+        books = self.caches(kv, observer, probe, progress)
+        blocks = self.preset.dit.action.blocks  # no mouse (TempleRun): no mouse caches
+        mouse, keyboard = (
+            dict(zip(blocks, books.parts[p], strict=False)) for p in ("mouse", "keyboard")
+        )
+        attn = CachedAttention(books.layers(), mouse, keyboard, s.attention_backend)
         if s.commit_frames != s.chunk_frames:  # a window that is not whole chunks: by frame
             attn.splits = (self.frame_tokens * s.commit_frames, s.commit_frames)
         generator = noise_generator(seed, name)
         sched = self.schedule
         chunks: list[torch.Tensor] = []
-        peak, split = 0, {"main": 0, "mouse": 0, "keyboard": 0}
         noise = self.draws(generator, s.num_chunks * len(sched))  # each chunk's, each renoise's
         with torch.no_grad():
             for c in range(s.num_chunks):
                 f0 = c * s.chunk_frames
                 x = next(noise)
                 for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
-                    if probe is not None:
-                        probe.at(c, i)
+                    books.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, f0, cond, attn), sigma)
                     if i + 1 < len(sched):
                         x = renoise(x0, next(noise), sched.sigmas[i + 1])
                 chunks.append(x0)
                 if c + 1 < s.num_chunks:
-                    if probe is not None:
-                        probe.at(c, None)
-                    attn.commit = True
-                    try:
+                    with books.commit_pass(c, attn):
                         self.flow(x0, 0.0, f0, cond, attn)
-                    finally:
-                        attn.commit = False
-                    held = {
-                        "main": sum(cache.nbytes for cache in main),
-                        "mouse": sum(cache.nbytes for cache in mouse.values()),
-                        "keyboard": sum(cache.nbytes for cache in keyboard.values()),
-                    }
-                    if sum(held.values()) >= peak:
-                        peak, split = sum(held.values()), held
-                if progress is not None:
-                    progress(c + 1, s.num_chunks)
-        info = {
-            "kv_cache_bytes": peak,
-            "kv_cache_bytes_by_cache": split,
-            "quantize_actions": s.quantize_actions,
-        }
-        return torch.cat(chunks, dim=2), info
+                books.chunk_done(c + 1)
+        info = books.facts(split="kv_cache_bytes_by_cache")
+        return torch.cat(chunks, dim=2), info | {"quantize_actions": s.quantize_actions}
 
     def profile_heads(self, case: Case | str, seed: int, probe: Any) -> None:
         """Generate ``case`` (an image and actions: ``jbkv profile-heads --cases FILE``) with

@@ -61,15 +61,17 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.models.base import ProgressFn, text_case
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.dtypes import dtype_from_name
+from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.models.seeding import noise_generator
-from jbkv_cli.models.wan.diffusers_cache import ChunkContext, cached_self_attention, wan_key_rope
-from jbkv_cli.models.wan.diffusers_wan import checked_options
+from jbkv_cli.models.wan.attention import ChunkContext, cached_self_attention
+from jbkv_cli.models.wan.options import checked_options
 from jbkv_cli.models.wan.rolling_forcing import plan
+from jbkv_cli.models.wan.rope import wan_key_rope
 from jbkv_cli.models.wan.self_forcing import model as sf
 from jbkv_cli.models.wan.self_forcing.components import (
     load_components,
@@ -214,14 +216,10 @@ class RollingForcing(sf.SelfForcing):
         spec = self.cache_spec(kv)
         generator = noise_generator(seed, prompt if name is None else name)
         rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
-        caches = layer_caches(
-            spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
-        )
-        layers = caches if probe is None else probe.wrap(caches)
-        context = self.context(layers, rope)
+        books = self.loop_caches(spec, rope, observer, probe, progress)
+        context = self.context(books.layers(), rope)
         noisy: dict[int, torch.Tensor] = {}
         final: list[torch.Tensor | None] = [None] * s.num_chunks
-        peak, working = PeakBytes(), 0
         plan_ = plan.windows(s.num_chunks, len(schedule))
         transformer = self.components.transformer
         noise = self.draws(generator, s.num_chunks * len(schedule))  # a block's, each renoise's
@@ -235,10 +233,9 @@ class RollingForcing(sf.SelfForcing):
                 read = plan.window_read(window, k)
                 context.reads = {} if read is None else {"last": read[0], "positions": {0: read[1]}}
                 context.frame_offset = window.start * k
-                if probe is not None:
-                    probe.at(window.index, 0)
+                books.at(window.index, 0)
                 v = self.flow_frames(x, times, text)
-                working = max(working, sum(cache.working_nbytes for cache in caches))
+                books.measure_views()
                 for j, b in enumerate(blocks):
                     step = window.step(b)
                     part = slice(j * k, (j + 1) * k)
@@ -250,19 +247,18 @@ class RollingForcing(sf.SelfForcing):
                         del noisy[b]
                 done = window.start
                 if window.step(done) == len(schedule) - 1 and done + 1 < s.num_chunks:
-                    self._commit(context, done, final[done], text, probe)
-                    peak.update(caches)
-                if progress is not None:
-                    progress(min(window.index + 1, s.num_chunks), s.num_chunks)
-        info = {
-            "kv_cache_bytes": peak.total,
-            "kv_view_bytes": working,  # dequantized K/V views held, all layers
-            "sink_chunks": spec.sink_chunks,
-        }
+                    self._commit(books, context, done, final[done], text)
+                books.chunk_done(min(window.index + 1, s.num_chunks))
+        info = books.facts() | {"sink_chunks": spec.sink_chunks}
         return torch.cat(final, dim=2), info
 
     def _commit(
-        self, context: ChunkContext, block: int, x0: torch.Tensor, text: torch.Tensor, probe: Any
+        self,
+        books: LoopCaches,
+        context: ChunkContext,
+        block: int,
+        x0: torch.Tensor,
+        text: torch.Tensor,
     ) -> None:
         """The clean pass of a finished block: one forward at t = 0 that reads blocks
         ``max(0, block − 6) … block`` and commits the block's K/V."""
@@ -270,13 +266,10 @@ class RollingForcing(sf.SelfForcing):
         last, sinks = plan.clean_read(block, k)
         context.reads = {"last": last, "sinks": sinks}
         context.frame_offset = block * k
-        if probe is not None:
-            probe.at(block, None)
-        context.commit = True
         try:
-            self.flow(x0, 0.0, text)
+            with books.commit_pass(block, context):
+                self.flow(x0, 0.0, text)
         finally:
-            context.commit = False
             context.reads = {}
 
     def check_case(self, case: Case) -> None:

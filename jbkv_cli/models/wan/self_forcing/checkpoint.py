@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.models.safetensors_io import not_regular, open_safetensors
-from jbkv_cli.models.wan.diffusers_wan import first_line
+from jbkv_cli.models.wan.weights import first_line
 from jbkv_cli.utils.atomic import atomic_path, remove_stale_temps_of
 from jbkv_cli.utils.errors import JbkvError, UsageError
 

@@ -36,22 +36,21 @@ from typing import Any
 import torch
 
 from jbkv_cli.models.safetensors_io import check_state_dict, not_regular
-from jbkv_cli.models.wan.diffusers_wan import (
-    TINY_MAX_SEQUENCE_LENGTH,
+from jbkv_cli.models.wan.self_forcing.checkpoint import (
+    merge_lora,
+    read_generator,
+    read_lora,
+    to_diffusers,
+)
+from jbkv_cli.models.wan.tiny import TINY_MAX_SEQUENCE_LENGTH, tiny_parts
+from jbkv_cli.models.wan.weights import (
     WEIGHTS,
     Required,
     cast_keeping_fp32,
     hf_cache_snapshot,
     load_parts,
     missing_parts,
-    tiny_parts,
     transformer_config,
-)
-from jbkv_cli.models.wan.self_forcing.checkpoint import (
-    merge_lora,
-    read_generator,
-    read_lora,
-    to_diffusers,
 )
 from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 from jbkv_cli.utils.pretrained import from_pretrained

@@ -7,7 +7,7 @@ bilinear resize, no crop), scaled to [−1, 1] (``ToTensor`` then ``Normalize([0
 and encoded by the Wan VAE as one frame; ``WanVAEWrapper.encode_to_latent`` keeps the
 posterior mean, normalised per channel, ``(μ − mean) / std`` — here diffusers'
 ``AutoencoderKLWan`` ``latent_dist.mode()`` with the config's ``latents_mean`` /
-``latents_std``, the inverse of :func:`~jbkv_cli.models.wan.diffusers_wan.decode_wan`.
+``latents_std``, the inverse of :func:`~jbkv_cli.models.wan.decode.decode_wan`.
 """
 
 from __future__ import annotations

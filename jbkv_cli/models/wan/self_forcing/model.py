@@ -73,25 +73,23 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.precision import PRECISION, UPSTREAM, Precision
 from jbkv_cli.models.seeding import noise_generator
-from jbkv_cli.models.wan.diffusers_cache import ChunkContext, cached_self_attention
-from jbkv_cli.models.wan.diffusers_wan import (
+from jbkv_cli.models.wan.attention import ChunkContext, cached_self_attention
+from jbkv_cli.models.wan.decode import chunk_video, vae_scale
+from jbkv_cli.models.wan.heads import WanHeads
+from jbkv_cli.models.wan.options import (
     WAN_OPTIONS,
-    WanHeads,
     check_frame_size,
     check_latent_frames,
     checked_options,
-    chunk_video,
     chunks_for_frames,
-    encode_umt5,
     runtime_options,
-    vae_scale,
 )
 from jbkv_cli.models.wan.self_forcing.components import (
     Components,
@@ -109,6 +107,7 @@ from jbkv_cli.models.wan.self_forcing.upstream import (
     upstream_forward,
     wan_rms_norm,
 )
+from jbkv_cli.models.wan.text import encode_umt5
 from jbkv_cli.utils.errors import JbkvError, UsageError, shown
 from jbkv_cli.utils.fields import Spec, parse_options
 
@@ -387,12 +386,9 @@ class SelfForcing(WanHeads, VideoModelBase):
         spec = self.cache_spec(kv)
         generator = noise_generator(seed, prompt if name is None else name)
         rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
-        caches = layer_caches(
-            spec, s.window, model=self.name, observer=observer, rope=rope, **self.head_layout()
-        )
-        layers = caches if probe is None else probe.wrap(caches)
-        context = self.context(layers, rope)
-        chunks, peak, working = [], PeakBytes(), 0
+        books = self.loop_caches(spec, rope, observer, probe, progress)
+        context = self.context(books.layers(), rope)
+        chunks = []
         first = 0
         if image is not None:
             if s.chunk_frames != 1 or tuple(image.shape) != self.chunk_shape:
@@ -410,17 +406,10 @@ class SelfForcing(WanHeads, VideoModelBase):
         noise = self.draws(generator, sum(steps))  # each chunk's, then each renoise's, in order
         with torch.no_grad(), cached_self_attention(transformer, context):
             if image is not None:  # the image latent's K/V, committed as a finished chunk's
-                if probe is not None:
-                    probe.at(0, None)
                 context.frame_offset = 0
-                context.commit = True
-                try:
+                with books.commit_pass(0, context):
                     self.flow(chunks[0], 0.0, text)
-                finally:
-                    context.commit = False
-                peak.update(caches)
-                if progress is not None:
-                    progress(1, s.num_chunks)
+                books.chunk_done(1)
             for c in range(first, s.num_chunks):
                 context.frame_offset = c * s.chunk_frames
                 schedule = self.first_schedule if c == first else self.schedule
@@ -428,31 +417,17 @@ class SelfForcing(WanHeads, VideoModelBase):
                 for i, (t, sigma) in enumerate(
                     zip(schedule.timesteps, schedule.sigmas, strict=True)
                 ):
-                    if probe is not None:
-                        probe.at(c, i)
+                    books.at(c, i)
                     x0 = to_x0(x, self.flow(x, t, text), sigma)
                     if i + 1 < len(schedule):
                         x = renoise(x0, next(noise), schedule.sigmas[i + 1])
                 chunks.append(x0)
-                working = max(working, sum(cache.working_nbytes for cache in caches))
+                books.measure_views()
                 if c + 1 < s.num_chunks:
-                    if probe is not None:
-                        probe.at(c, None)
-                    context.commit = True
-                    try:
+                    with books.commit_pass(c, context):
                         self.flow(x0, 0.0, text)
-                    finally:
-                        context.commit = False
-                    peak.update(caches)
-                if progress is not None:
-                    progress(c + 1, s.num_chunks)
-        info = {
-            "kv_cache_bytes": peak.total,
-            "kv_view_bytes": working,  # dequantized K/V views held, all layers
-            "sink_chunks": spec.sink_chunks,
-        }
-        if spec.pruner is not None:
-            info["kv_cache_bytes_by_head"] = peak.by_kind
+                books.chunk_done(c + 1)
+        info = books.facts() | {"sink_chunks": spec.sink_chunks}
         return torch.cat(chunks, dim=2), info
 
     def check_case(self, case: Case) -> None:

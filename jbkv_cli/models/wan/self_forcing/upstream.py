@@ -24,7 +24,7 @@ fuses the RMSNorm weight into one float32 op and builds a float32 RoPE table.
 diffusers' ``convert_wan_to_diffusers.py`` renames them (``norm2`` ↔ upstream ``norm3``,
 ``norm3`` ↔ ``norm2``, ``scale_shift_table`` ↔ ``modulation``). Self-attention goes through the
 block's ``attn1`` (jbkv's cached processor, which applies :func:`wan_rms_norm` when its
-:class:`~jbkv_cli.models.wan.diffusers_cache.ChunkContext` says so); cross-attention is written out
+:class:`~jbkv_cli.models.wan.attention.ChunkContext` says so); cross-attention is written out
 here with :func:`wan_rms_norm`.
 """
 

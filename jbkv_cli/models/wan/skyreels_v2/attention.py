@@ -2,7 +2,7 @@
 
 Neither SkyReels-V2's own code nor diffusers keeps a KV cache: both re-feed every finished frame
 at every step under a block-causal mask. jbkv instead runs the transformer on the current chunk
-only, with the shared pieces of :mod:`jbkv_cli.models.wan.diffusers_cache` (cached ``attn1``
+only, with the shared pieces of :mod:`jbkv_cli.models.wan.attention` (cached ``attn1``
 processors reading a :class:`ChunkKVCache` per layer, RoPE shifted by the chunk's frame offset),
 plus one SkyReels-specific step: ``num_frame_per_block = 1`` while installed, so the model builds
 no block-causal mask (the causality lives in the cache).
@@ -14,14 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from jbkv_cli.models.wan.diffusers_cache import (
+from jbkv_cli.models.wan.attention import (
     CachedSelfAttnProcessor,
     ChunkContext,
     LayerCache,
     cached_self_attention,
-    rotate_interleaved,
-    shifted_rotary,
 )
+from jbkv_cli.models.wan.rope import rotate_interleaved, shifted_rotary
 
 __all__ = [
     "CachedSelfAttnProcessor",

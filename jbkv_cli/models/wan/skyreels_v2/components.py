@@ -22,15 +22,10 @@ from typing import Any
 
 import torch
 
-from jbkv_cli.models.wan.diffusers_wan import (
-    TINY_MAX_SEQUENCE_LENGTH,
-    hf_cache_snapshot,
-    load_parts,
-    tiny_parts,
-    transformer_config,
-)
-from jbkv_cli.models.wan.diffusers_wan import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
-from jbkv_cli.models.wan.diffusers_wan import missing_parts as shared_missing_parts
+from jbkv_cli.models.wan.tiny import TINY_MAX_SEQUENCE_LENGTH, tiny_parts
+from jbkv_cli.models.wan.tiny import TINY_TEXT_DIM as TINY_TEXT_DIM  # re-exported
+from jbkv_cli.models.wan.weights import hf_cache_snapshot, load_parts, transformer_config
+from jbkv_cli.models.wan.weights import missing_parts as shared_missing_parts
 from jbkv_cli.utils.errors import WeightsNotFoundError
 from jbkv_cli.utils.pretrained import from_pretrained
 

@@ -35,24 +35,21 @@ from typing import Any
 import torch
 
 from jbkv_cli.attention.diagnostics import AttentionObserver
-from jbkv_cli.kvcache import KVSpec, PeakBytes, layer_caches
+from jbkv_cli.kvcache import KVSpec
 from jbkv_cli.models.base import ProgressFn, Video, text_case
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import VideoModelBase
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.seeding import noise_generator
-from jbkv_cli.models.wan.diffusers_wan import (
+from jbkv_cli.models.wan.decode import chunk_video, decode_wan, vae_scale
+from jbkv_cli.models.wan.heads import WanHeads
+from jbkv_cli.models.wan.options import (
     WAN_OPTIONS,
-    WanHeads,
     check_frame_size,
     check_latent_frames,
     checked_options,
-    chunk_video,
     chunks_for_frames,
-    decode_wan,
-    encode_umt5,
     runtime_options,
-    vae_scale,
 )
 from jbkv_cli.models.wan.skyreels_v2.attention import ChunkContext, chunk_attention
 from jbkv_cli.models.wan.skyreels_v2.components import (
@@ -61,9 +58,11 @@ from jbkv_cli.models.wan.skyreels_v2.components import (
     resolve_weights_dir,
     tiny_components,
 )
+from jbkv_cli.models.wan.text import encode_umt5
 from jbkv_cli.utils.errors import JbkvError, UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
 
+BRANCHES = ("cond", "uncond")  # the CFG branches, each with its own caches
 CLEAN_CONTEXT = "extra forward of each finished chunk at t=0 (clean context), K/V committed once"
 
 
@@ -254,17 +253,13 @@ class SkyReelsV2(WanHeads, VideoModelBase):
         texts = [self.encode_prompt(prompt)]
         if s.guidance > 1.0:
             texts.append(self.encode_prompt(s.negative_prompt))
-        heads = self.head_layout()
         noise = self.initial_noise(prompt, seed)
         rope = self.key_rope(kv, layout, noise[:, :, :k])
-        caches = [
-            layer_caches(kv, s.window, model=self.name, observer=observer, rope=rope, **heads)
-            for _ in texts
-        ]
-        branches = caches if probe is None else [probe.wrap(b) for b in caches]
+        branches = BRANCHES[: len(texts)]
+        books = self.loop_caches(kv, rope, observer, probe, progress, branches)
+        caches = [books.layers(b) for b in branches]
         context = ChunkContext(backend=s.attention_backend, key_rope=rope)
         latents = torch.empty_like(noise)
-        peak, working = PeakBytes(), 0
         with torch.no_grad(), chunk_attention(self.components.transformer, context):
             for c in range(s.num_chunks):
                 frames = slice(c * k, (c + 1) * k)
@@ -275,29 +270,18 @@ class SkyReelsV2(WanHeads, VideoModelBase):
                 scheduler.set_timesteps(s.steps, device="cpu")
                 x = noise[:, :, frames].clone()
                 for i, t in enumerate(scheduler.timesteps):
-                    if probe is not None:
-                        probe.at(c, i)
-                    v = self.predict(context, branches, texts, x, int(t))
+                    books.at(c, i)
+                    v = self.predict(context, caches, texts, x, int(t))
                     # In place, as both reference pipelines update their latents: UniPC keeps the
                     # step-0 input as `last_sample`, so its first corrector sees the updated x.
                     x.copy_(scheduler.step(v, t, x, return_dict=False)[0])
                 latents[:, :, frames] = x
-                working = max(working, sum(cc.working_nbytes for b in caches for cc in b))
+                books.measure_views()
                 if c + 1 < s.num_chunks:
-                    if probe is not None:
-                        probe.at(c, None)
-                    self.predict(context, branches, texts, x, 0, commit=True)
-                    peak.update([cc for b in caches for cc in b])
-                if progress is not None:
-                    progress(c + 1, s.num_chunks)
-        info = {
-            "kv_cache_bytes": peak.total,
-            "kv_view_bytes": working,  # dequantized K/V views held, all layers
-            "cfg_branches": len(texts),
-        }
-        if kv.pruner is not None:
-            info["kv_cache_bytes_by_head"] = peak.by_kind
-        return latents, info
+                    with books.commit_pass(c):
+                        self.predict(context, caches, texts, x, 0, commit=True)
+                books.chunk_done(c + 1)
+        return latents, books.facts() | {"cfg_branches": len(texts)}
 
     def generate(
         self,

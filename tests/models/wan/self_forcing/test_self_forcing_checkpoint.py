@@ -417,7 +417,7 @@ def test_self_forcing_mapped_weights_compute_what_upstream_computes(
     chunk starting at ``start_frame`` (upstream's ``causal_rope_apply`` offset)."""
     import copy
 
-    from jbkv_cli.models.wan.diffusers_cache import ChunkContext, cached_self_attention
+    from jbkv_cli.models.wan.attention import ChunkContext, cached_self_attention
 
     g = torch.Generator().manual_seed(2)
     transformer = copy.deepcopy(tiny.transformer)

@@ -16,15 +16,16 @@ pytest.importorskip("diffusers")
 
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models import registry
+from jbkv_cli.models import loop, registry
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.seeding import noise_generator
-from jbkv_cli.models.wan.diffusers_cache import ChunkContext, cached_self_attention, shifted_rotary
-from jbkv_cli.models.wan.diffusers_wan import TINY_TEXT_DIM
+from jbkv_cli.models.wan.attention import ChunkContext, cached_self_attention
+from jbkv_cli.models.wan.rope import shifted_rotary
 from jbkv_cli.models.wan.self_forcing import model as sf
 from jbkv_cli.models.wan.self_forcing.components import tiny_components
 from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule, denoising_step_list
+from jbkv_cli.models.wan.tiny import TINY_TEXT_DIM
 from jbkv_cli.utils.errors import JbkvError
 
 pytestmark = pytest.mark.slow
@@ -188,7 +189,7 @@ def test_self_forcing_16bit_cache_is_bit_identical_to_plain_concat(tiny, plain_c
 
 def test_self_forcing_generate_16bit_equals_plain_loop(tiny_model, monkeypatch, plain_layer_caches):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sf, "layer_caches", plain_layer_caches)
+    monkeypatch.setattr(loop, "layer_caches", plain_layer_caches)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 

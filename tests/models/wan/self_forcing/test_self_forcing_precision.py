@@ -226,7 +226,7 @@ def test_upstream_precision_is_upstreams_bf16_sampler(models):
 
 def test_upstream_casts_every_parameter_and_a_float64_rope(models):
     """Upstream's ``pipeline.to(bf16)``: no float32 parameter left, RoPE tables float64;
-    ``fp32-accum`` keeps diffusers' float32 modules (``tests/models/wan/test_diffusers_wan.py``)."""
+    ``fp32-accum`` keeps diffusers' float32 modules (``tests/models/wan/test_weights.py``)."""
     up = models["upstream"].components.transformer
     assert {p.dtype for p in up.parameters()} == {BF16}
     assert up.rope.freqs_cos.dtype == torch.float64

@@ -17,7 +17,7 @@ pytest.importorskip("diffusers")
 
 from jbkv_cli.cli.app import app
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.wan.diffusers_wan import head_layout
+from jbkv_cli.models.wan.heads import head_layout
 from jbkv_cli.models.wan.self_forcing import model as sf
 from jbkv_cli.prune import ForcingKV, ForcingKVHistory, load_profile
 from jbkv_cli.prune.profile import FrameMassProbe

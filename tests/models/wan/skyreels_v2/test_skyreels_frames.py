@@ -16,7 +16,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from jbkv_cli.models.wan.diffusers_wan import decode_wan, rope_frames
+from jbkv_cli.models.wan.decode import decode_wan
+from jbkv_cli.models.wan.options import rope_frames
 from jbkv_cli.models.wan.skyreels_v2 import components as comp
 from jbkv_cli.models.wan.skyreels_v2 import model as sky
 from jbkv_cli.utils.errors import UsageError

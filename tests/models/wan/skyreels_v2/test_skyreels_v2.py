@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models import registry
+from jbkv_cli.models import loop, registry
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.wan.skyreels_v2 import components as comp
@@ -227,7 +227,7 @@ def test_initial_noise_is_shared_and_prefix_stable(tiny_model):
 
 def test_generate_16bit_cache_equals_plain_loop(tiny_model, monkeypatch, plain_layer_caches):
     latents, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
-    monkeypatch.setattr(sky, "layer_caches", plain_layer_caches)
+    monkeypatch.setattr(loop, "layer_caches", plain_layer_caches)
     plain, _ = tiny_model.generate_latents("a red ball", 3, FULL_PRECISION)
     assert torch.equal(latents, plain)
 

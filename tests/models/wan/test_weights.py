@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from jbkv_cli.models.wan.diffusers_wan import tiny_parts
+from jbkv_cli.models.wan.tiny import tiny_parts
 
 
 @pytest.mark.parametrize("cls", ["WanTransformer3DModel", "SkyReelsV2Transformer3DModel"])

@@ -19,9 +19,10 @@ so one loaded model serves every variant and diffusers' code stays untouched):
 
 All processors share one :class:`ChunkContext`, the mutable state the generation loop sets
 before each forward: which per-layer caches to use (one set per CFG branch), whether this
-forward commits its keys and values, and the frame offset.
+forward commits its keys and values, and the frame offset. The rotary table and its offset are
+:mod:`jbkv_cli.models.wan.rope`'s.
 
-**Pre-RoPE keys** (``ChunkContext.key_rope``, from :func:`wan_key_rope`): the processor commits
+**Pre-RoPE keys** (``ChunkContext.key_rope``, from :func:`~jbkv_cli.models.wan.rope.wan_key_rope`): the processor commits
 the keys before RoPE, at the chunk's frame offset, and the caches (built with the same
 :class:`~jbkv_cli.kvcache.rope.KeyRope`) rotate them on read with the model's own table — as
 QuantVideoGen's Self-Forcing integration does (``attn_kv_cache_prerope``). The current chunk
@@ -37,8 +38,8 @@ from typing import Any, Protocol
 
 import torch
 
-from jbkv_cli.attention.rope import rotate_pairs
 from jbkv_cli.kvcache.rope import KeyRope
+from jbkv_cli.models.wan.rope import rotate_interleaved, shifted_rotary
 
 
 class LayerCache(Protocol):
@@ -85,18 +86,6 @@ class ChunkContext:
     key_rope: KeyRope | None = None
     reads: dict[str, Any] = field(default_factory=dict)
     qk_norm: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
-
-
-def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE on interleaved channel pairs ``(2i, 2i+1)``, Wan's layout.
-
-    For each pair ``(x₀, x₁)`` with angle θ (``cos``/``sin`` repeat each value twice along D):
-    ``(x₀ cos θ − x₁ sin θ, x₀ sin θ + x₁ cos θ)``, i.e. ``x cos + rot(x) sin`` with
-    ``rot(x) = (−x₁, x₀)``. Computed in the table's dtype, returned in ``x``'s.
-
-    Shapes: ``x`` ``[B, L, H, D]``; ``cos``, ``sin`` ``[1, L, 1, D]``.
-    """
-    return rotate_pairs(x, cos, sin, "interleaved")
 
 
 class CachedSelfAttnProcessor:
@@ -155,40 +144,6 @@ class CachedSelfAttnProcessor:
         out = out.transpose(1, 2).flatten(2).type_as(q)
         out = attn.to_out[0](out)
         return attn.to_out[1](out)
-
-
-def shifted_rotary(rope: torch.nn.Module, hidden_states: torch.Tensor, frame_offset: int):
-    """The RoPE table of ``hidden_states`` ``[B, C, F, H, W]`` with frames starting at
-    ``frame_offset`` instead of 0: rows of the table for frames ``[offset, offset + F)``.
-
-    Frames are the outermost token axis, so these are the last ``F·H'·W'`` rows of the table
-    diffusers builds for ``offset + F`` frames (built from a shape-only meta tensor).
-    """
-    b, c, f, h, w = hidden_states.shape
-    p_t = rope.patch_size[0]
-    frames = frame_offset + f // p_t
-    if frames > rope.max_seq_len:
-        raise ValueError(
-            f"latent frame {frames - 1} is past the rotary table ({rope.max_seq_len} frames, "
-            "rope_max_seq_len); generate fewer chunks"
-        )
-    shape_only = torch.empty((b, c, frames * p_t, h, w), device="meta")
-    cos, sin = rope.forward(shape_only)
-    tokens = (f // p_t) * (h // rope.patch_size[1]) * (w // rope.patch_size[2])
-    return cos[:, -tokens:], sin[:, -tokens:]
-
-
-def wan_key_rope(transformer: Any, latents: torch.Tensor) -> KeyRope:
-    """The :class:`KeyRope` of a Wan-family ``transformer`` for chunks shaped like ``latents``
-    ``[B, C, F, H, W]``: interleaved pairs; the table at position ``p`` is the rope module's for
-    frames ``[p, p + F)`` (:func:`shifted_rotary`), as ``[L, D]``."""
-    shape = torch.empty(latents.shape, device="meta")
-
-    def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = shifted_rotary(transformer.rope, shape, position)
-        return cos[0, :, 0], sin[0, :, 0]
-
-    return KeyRope("interleaved", table)
 
 
 @contextmanager
