@@ -196,6 +196,12 @@ class ModelEntry:
       takes prompt-only cases (:func:`~jbkv_cli.models.base.text_case`), each prompt through
       ``check_prompt`` (:func:`jbkv_cli.models.registry.check_cases`).
 
+    - ``plan_model(**options)``: build the adapter as a GPU runs it (``cuda``, its 16-bit
+      dtype) at the configuration the options name, with no file read and no weight allocated
+      (modules built on ``meta``, random configs' values never drawn), for ``jbkv plan``, which
+      calls it under its fake CUDA device (:mod:`jbkv_cli.plan`). Default None: the model
+      cannot be planned.
+
     Commands call the checks for every prompt and case before anything is created.
     """
 
@@ -204,3 +210,4 @@ class ModelEntry:
     input_paths: InputPaths
     check_prompt: CheckPrompt = any_prompt
     check_cases: CheckCases | None = None
+    plan_model: LoadModel | None = None

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from jbkv_cli.models.magi1.dit import VideoDiT
 from jbkv_cli.models.magi1.layers import promote_high_precision
 from jbkv_cli.models.magi1.model import GenerationSettings, Magi1VideoModel, with_schedule_overrides
 from jbkv_cli.models.magi1.schedule import required_window
-from jbkv_cli.models.magi1.text import SpecialTokens, load_t5
+from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
 from jbkv_cli.utils.errors import JbkvError, UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
@@ -181,6 +182,58 @@ def _tiny(variant, settings: GenerationSettings, seed: int) -> Magi1VideoModel:
     return Magi1VideoModel(variant, dit, vae, t5, special, settings)
 
 
+# google/t5-v1_1-xxl's config.json (the encoder upstream's ckpt/t5/t5-v1_1-xxl holds)
+T5_XXL = dict(
+    vocab_size=32128,
+    d_model=4096,
+    d_kv=64,
+    d_ff=10240,
+    num_layers=24,
+    num_heads=64,
+    relative_attention_num_buckets=32,
+    relative_attention_max_distance=128,
+    feed_forward_proj="gated-gelu",
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    eos_token_id=1,
+)
+
+
+def plan_model(**options: Any) -> Magi1VideoModel:
+    """MAGI-1 as a GPU runs it (``cuda``, bfloat16 unless ``dtype`` says otherwise, offloaded
+    phases unless ``offload=false``) at the configuration the options name, for ``jbkv plan``:
+    every module built on ``meta`` (no weight allocated, none read: the DiT of ``config``,
+    the VAE of :class:`~jbkv_cli.models.magi1.config.VAEConfig`'s published numbers, T5
+    v1.1-XXL of :data:`T5_XXL` with a character tokenizer padding to the same 800 tokens, zero
+    special tokens), then placed as :func:`load_model` places it; the plan's fake device turns
+    the placement into shapes."""
+    from transformers import T5Config, T5EncoderModel
+
+    from jbkv_cli.models.magi1.config import TINY_VAE
+    from jbkv_cli.models.magi1.text import MAX_DURATION_TOKENS
+    from jbkv_cli.models.magi1.tiny import char_tokenizer, tiny_t5_config
+
+    given = {k: v for k, v in options.items() if v is not None}
+    variant, settings, opt = _resolved({**given, "device": "cpu"})
+    dtype = dtype_from_name(opt.get("dtype", "bfloat16"))
+    offload = bool(opt.get("offload", True))
+    settings = replace(settings, device="cuda", dtype=dtype, offload=offload)
+    tiny = variant.name == TINY_VARIANT.name
+    t5_config = tiny_t5_config(variant.dit.caption_channels) if tiny else T5Config(**T5_XXL)
+    with torch.device("meta"):
+        dit = VideoDiT(variant.dit)
+        vae = ViTVAE(TINY_VAE if tiny else VAEConfig())
+        t5 = T5EncoderModel(t5_config)
+    device = settings.device
+    dit = _prepare(dit, device, dtype, offload)
+    vae = _prepare(vae, device, dtype, offload)
+    t5 = t5.to("cpu" if offload else device)
+    text = T5TextEncoder(char_tokenizer(), t5, variant.dit.caption_max_length)
+    channels = variant.dit.caption_channels
+    special = SpecialTokens(torch.zeros(channels), torch.zeros(MAX_DURATION_TOKENS, channels))
+    return Magi1VideoModel(variant, dit, vae, text, special, settings)
+
+
 def load_vae(directory, device: str = "cpu", dtype: torch.dtype = torch.float32) -> ViTVAE:
     """Upstream's ``ViTVAE`` from ``config.json`` + ``diffusion_pytorch_model.safetensors``."""
     from pathlib import Path
@@ -218,4 +271,9 @@ def _official(variant, settings: GenerationSettings, weights, special_tokens) ->
     return Magi1VideoModel(variant, dit, vae, t5, special, settings)
 
 
-ENTRY = ModelEntry(load_model=load_model, check_options=check_options, input_paths=input_paths)
+ENTRY = ModelEntry(
+    load_model=load_model,
+    check_options=check_options,
+    input_paths=input_paths,
+    plan_model=plan_model,
+)

@@ -151,11 +151,21 @@ def load_model(**options: Any) -> TinyVideoModel:
     return TinyVideoModel(**check_options(**options))
 
 
+def plan_model(**options: Any) -> TinyVideoModel:
+    """The tiny model as a GPU runs it, for ``jbkv plan``: its weights (the shipped ones unless
+    ``weights`` is given; 5 MB, read on the host) moved to ``cuda``, float32 (its only dtype)."""
+    model = TinyVideoModel(**{**check_options(**options), "device": "cpu"})
+    model.model.to("cuda")
+    model.device = model.settings["device"] = "cuda"
+    return model
+
+
 ENTRY = ModelEntry(
     load_model=load_model,
     check_options=check_options,
     input_paths=input_paths,
     check_prompt=check_prompt,
+    plan_model=plan_model,
 )
 
 __all__ = ["ENTRY", "TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]
