@@ -132,6 +132,7 @@ def _register_commands() -> None:
         experiment,
         fidelity,
         llm,
+        plan,
         profile,
         vbench,
         weights,
@@ -145,6 +146,7 @@ def _register_commands() -> None:
     convert.register(app)
     llm.register(app)
     demo.register(app)
+    plan.register(app)
 
 
 _register_commands()

@@ -147,6 +147,10 @@ class LoadModel(Protocol):
     def __call__(self, **options: Any) -> VideoModel: ...
 
 
+class SampleCase(Protocol):
+    def __call__(self, folder: Path, /, **options: Any) -> Case: ...
+
+
 class CheckOptions(Protocol):
     def __call__(self, **options: Any) -> object: ...
 
@@ -201,6 +205,9 @@ class ModelEntry:
       (modules built on ``meta``, random configs' values never drawn), for ``jbkv plan``, which
       calls it under its fake CUDA device (:mod:`jbkv_cli.plan`). Default None: the model
       cannot be planned.
+    - ``sample_case(folder, **options)``: the case ``jbkv plan`` generates when the user gives
+      none, its files (an image, an actions file) written into ``folder``. Default None: a
+      prompt (:mod:`jbkv_cli.plan.job`).
 
     Commands call the checks for every prompt and case before anything is created.
     """
@@ -211,3 +218,4 @@ class ModelEntry:
     check_prompt: CheckPrompt = any_prompt
     check_cases: CheckCases | None = None
     plan_model: LoadModel | None = None
+    sample_case: SampleCase | None = None

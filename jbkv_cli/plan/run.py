@@ -153,13 +153,14 @@ def plan_model(
     name: str,
     options: dict[str, Any],
     specs: Sequence[KVSpec],
-    case: Case,
+    case: Case | Callable[[dict[str, Any]], Case],
     *,
     budgets: Sequence[Budget] = (),
     seed: int = 0,
     progress: Progress | None = None,
 ) -> ModelPlan:
-    """The plan of model ``name`` with ``options`` for every spec (module docstring)."""
+    """The plan of model ``name`` with ``options`` for every spec (module docstring); ``case``,
+    or the function that makes the case for a length's options."""
     start = time.perf_counter()
     build = entry(name).plan_model
     if build is None:
@@ -194,12 +195,14 @@ def _run(
     name: str,
     options: dict[str, Any],
     specs: Sequence[KVSpec],
-    case: Case,
+    case: Case | Callable[[dict[str, Any]], Case],
     seed: int,
     progress: Progress | None,
 ) -> _Run:
     build = entry(name).plan_model
     assert build is not None
+    if not isinstance(case, Case):
+        case = case(options)
     with PlanDevice() as device, quiet_warnings():
         model = build(**options)
         components = device.adopt_weights(model)

@@ -129,19 +129,20 @@ def gpu_kernels(
             with around():
                 return planned_sdpa(*args, **kwargs)
 
+    original = _ORIGINAL
     holders = [F] + [
         module
         for name, module in list(sys.modules.items())
-        if name.startswith("jbkv_cli") and module is not None
+        if name.startswith("jbkv_cli") and name != __name__ and module is not None
     ]
     patched = []
     for holder in holders:
         for attr, value in list(vars(holder).items()):
-            if value is _ORIGINAL:
+            if value is original:
                 setattr(holder, attr, replacement)
                 patched.append((holder, attr))
     try:
         yield
     finally:
         for holder, attr in patched:
-            setattr(holder, attr, _ORIGINAL)
+            setattr(holder, attr, original)

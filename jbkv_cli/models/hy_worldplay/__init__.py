@@ -215,9 +215,52 @@ def _official(settings: Settings, schedule, weights) -> HYWorldPlay:
     return HYWorldPlay(dit, vae, encoders, settings, schedule)
 
 
+def plan_model(**options: Any) -> HYWorldPlay:
+    """HY-WorldPlay as a GPU runs it (``cuda``, the DiT in bfloat16 unless ``dtype`` says
+    otherwise, the encoders in float16, offloaded phases unless ``offload=false``) at the
+    configuration the options name, for ``jbkv plan``: the WorldPlay-8B DiT, the HunyuanVideo-1.5
+    VAE (diffusers' defaults: upstream's architecture) and the encoders
+    (:mod:`~jbkv_cli.models.hy_worldplay.planned`) built on ``meta``, no weight read."""
+    from dataclasses import replace
+
+    from jbkv_cli.models.hy_worldplay.dit import WorldPlayDiT
+    from jbkv_cli.models.hy_worldplay.planned import planned_encoders
+    from jbkv_cli.models.hy_worldplay.vae import build_vae
+
+    given = {k: v for k, v in options.items() if v is not None}
+    settings, schedule, opt = _resolved({"dtype": "bfloat16", **given, "device": "cpu"})
+    tiny = settings.config == "tiny-random"
+    offload = bool(opt.get("offload", not tiny))
+    settings = replace(settings, device="cuda", offload=offload)
+    if tiny:
+        return _tiny(settings, schedule, int(opt.get("seed", 0)))
+    home = "cpu" if offload else settings.device
+    with torch.device("meta"):
+        dit = WorldPlayDiT(OFFICIAL)
+        vae = build_vae()
+    dit = dit.to(settings.dtype).to(home)
+    vae = vae.eval().to(home)
+    encoders = planned_encoders(settings.device, home, torch.float16)
+    return HYWorldPlay(dit, vae, encoders, settings, schedule)
+
+
+def sample_case(folder: Path, **options: Any) -> Case:
+    """A case for ``jbkv plan``: a gray image of the video's size (written into ``folder``),
+    walking forward (the ``pose`` option's trajectory, else ``w-{latents - 1}``)."""
+    from PIL import Image
+
+    given = {k: v for k, v in options.items() if v is not None}
+    settings, _, _ = _resolved(given | {"device": "cpu"})
+    image = folder / "hy-worldplay.png"
+    Image.new("RGB", (settings.width, settings.height), (128, 128, 128)).save(image)
+    return Case("a quiet street in the morning", str(image), id="plan")
+
+
 ENTRY = ModelEntry(
     load_model=load_model,
     check_options=check_options,
     input_paths=input_paths,
     check_cases=check_cases,
+    plan_model=plan_model,
+    sample_case=sample_case,
 )

@@ -29,6 +29,7 @@ error. The released files are found and read by :mod:`~jbkv_cli.models.wan.matri
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from jbkv_cli.models.contract import ModelEntry
 from jbkv_cli.models.dtypes import dtype_from_name
 from jbkv_cli.models.precision import PRECISION, UPSTREAM
 from jbkv_cli.models.wan.matrix_game.config import PRESETS, ROPE_FRAMES, Preset, with_local
+from jbkv_cli.models.wan.matrix_game.dit import MatrixGameDiT
 from jbkv_cli.models.wan.matrix_game.model import MatrixGame2, Settings, check_case
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
@@ -148,6 +150,52 @@ def input_paths(**options: Any) -> dict[str, Path]:
     return located(locate(settings.config, opt.get("weights")))
 
 
+def plan_model(**options: Any) -> MatrixGame2:
+    """Matrix-Game-2.0 as a GPU runs it (``cuda``, bfloat16 unless ``dtype`` says otherwise)
+    at the configuration the options name, for ``jbkv plan``: the preset's DiT, CLIP's visual
+    tower and the Wan VAE built on ``meta`` (no weight read), placed as :func:`load_model`
+    places them; tiny-random builds its random parts."""
+    import diffusers
+
+    from jbkv_cli.models.wan.matrix_game.clip import VisionTower
+
+    given = {k: v for k, v in options.items() if v is not None}
+    settings, preset, opt = _resolved({"dtype": "bfloat16", **given, "device": "cpu"})
+    settings = replace(settings, device="cuda")
+    dt = dtype_from_name(settings.dtype)
+    if settings.config == "tiny-random":
+        from jbkv_cli.models.wan.matrix_game.tiny import tiny_parts
+
+        dit, vae, encoder = tiny_parts(preset, int(opt.get("init_seed", 0)))
+    else:
+        with torch.device("meta"):
+            dit = MatrixGameDiT(preset.dit).eval()
+            encoder = VisionTower().eval().to(dt)
+            vae = diffusers.AutoencoderKLWan().eval().to(dt)
+    dit = dit.to(settings.device, dt)
+    return MatrixGame2(dit, vae.to(settings.device), encoder.to(settings.device), preset, settings)
+
+
+def sample_case(folder: Path, **options: Any) -> Case:
+    """A case for ``jbkv plan``: a gray image of the preset's size and an actions file that
+    holds still for the video's frames, written into ``folder``."""
+    import json
+
+    from PIL import Image
+
+    given = {k: v for k, v in options.items() if v is not None}
+    settings, preset, _ = _resolved(given | {"device": "cpu"})
+    image = folder / "matrix-game-2.png"
+    Image.new("RGB", (settings.width, settings.height), (128, 128, 128)).save(image)
+    action = preset.dit.action
+    rows = {"keyboard": [[0] * action.keyboard_dim] * settings.num_frames}
+    if action.mouse_dim:
+        rows["mouse"] = [[0.0] * action.mouse_dim] * settings.num_frames
+    actions = folder / "matrix-game-2-actions.json"
+    actions.write_text(json.dumps(rows))
+    return Case("planned", str(image), str(actions), id="plan")
+
+
 def check_cases(cases: Iterable[Case], **options: Any) -> None:
     """Every case needs a readable image and a valid actions file of the video's frames;
     the first problem is one usage error naming the case."""
@@ -180,4 +228,6 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     check_cases=check_cases,
+    plan_model=plan_model,
+    sample_case=sample_case,
 )

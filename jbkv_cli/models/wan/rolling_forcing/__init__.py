@@ -8,6 +8,7 @@ from jbkv_cli.models.wan.rolling_forcing.model import (
     check_options,
     input_paths,
     load_model,
+    plan_model,
 )
 
 ENTRY = ModelEntry(
@@ -15,6 +16,7 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     check_cases=check_cases,
+    plan_model=plan_model,
 )
 
 __all__ = ["ENTRY", "RollingForcing", "check_cases", "check_options", "input_paths", "load_model"]

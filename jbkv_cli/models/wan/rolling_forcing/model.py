@@ -338,3 +338,10 @@ def load_model(**options: Any) -> RollingForcing:
     else:
         components = load_components(paths, dtype, settings.ema, None)
     return RollingForcing(sf.place(components, settings), settings)
+
+
+def plan_model(**options: Any) -> RollingForcing:
+    """Rolling Forcing as a GPU runs it, for ``jbkv plan``
+    (:func:`~jbkv_cli.models.wan.self_forcing.model.planned_build`)."""
+    settings, components = sf.planned_build(options, PRESETS, NAME, OPTIONS, NAME)
+    return RollingForcing(components, settings)

@@ -9,6 +9,7 @@ from jbkv_cli.models.wan.self_forcing.model import (
     check_options,
     input_paths,
     load_model,
+    plan_model,
 )
 
 ENTRY = ModelEntry(
@@ -16,6 +17,7 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     check_cases=check_cases,
+    plan_model=plan_model,
 )
 
 __all__ = ["ENTRY", "SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

@@ -332,3 +332,14 @@ def tiny_components(seed: int = 0, dtype: torch.dtype = torch.float32) -> Compon
         source="tiny-random",
         max_sequence_length=TINY_MAX_SEQUENCE_LENGTH,
     )
+
+
+def planned_components(dtype: torch.dtype) -> Components:
+    """Wan2.1-T2V-1.3B's transformer (:data:`WAN_T2V_1_3B`), VAE and UMT5-XXL at full size on
+    ``meta``, for ``jbkv plan`` (:func:`~jbkv_cli.models.wan.planned.planned_parts`)."""
+    import diffusers
+
+    from jbkv_cli.models.wan.planned import planned_parts
+
+    parts = planned_parts(diffusers.WanTransformer3DModel, WAN_T2V_1_3B, dtype, MAX_SEQUENCE_LENGTH)
+    return Components(*parts, source="planned")

@@ -96,6 +96,7 @@ from jbkv_cli.models.wan.self_forcing.components import (
     WeightPaths,
     load_components,
     locate,
+    planned_components,
     tiny_components,
     weight_files,
 )
@@ -640,6 +641,42 @@ def load_model(**options: Any) -> SelfForcing:
             f"model's rotary table ({rope_frames} latent frames)"
         )
     return SelfForcing(place(components, settings), settings)
+
+
+def planned_build(
+    options: dict[str, Any],
+    presets: dict[str, dict[str, Any]] = PRESETS,
+    model: str = "self-forcing",
+    spec: dict[str, Spec] | None = None,
+    default: str = "self-forcing-dmd",
+) -> tuple[SelfForcingSettings, Components]:
+    """The settings (``cuda``, bfloat16 unless ``dtype`` says otherwise) and the components,
+    placed, that ``jbkv plan`` runs for ``options`` (``model``'s ``presets`` and option
+    ``spec``, ``default`` config): full-size parts on ``meta`` (:func:`planned_components`; no weight read), or the
+    tiny random ones."""
+    given = {k: v for k, v in options.items() if v is not None}
+    given = {"dtype": "bfloat16", **given, "device": "cpu"}
+    checked = parse_options(spec or OPTIONS, given, model, sep=": ", error=UsageError)
+    checked = checked_options(model, checked, frozenset(spec or OPTIONS), presets, default)
+    settings = replace(build_settings(checked, presets, model), device="cuda")
+    dtype = dtype_from_name(settings.dtype)
+    if settings.config == "tiny-random":
+        components = tiny_components(seed=int(checked.get("init_seed", 0)), dtype=dtype)
+    else:
+        components = planned_components(dtype)
+    rope_frames = components.transformer.config.rope_max_seq_len
+    if settings.latent_frames > rope_frames:
+        raise UsageError(
+            f"{settings.num_chunks} chunks of {settings.chunk_frames} latent frames exceed the "
+            f"model's rotary table ({rope_frames} latent frames)"
+        )
+    return settings, place(components, settings)
+
+
+def plan_model(**options: Any) -> SelfForcing:
+    """Self-Forcing as a GPU runs it, for ``jbkv plan`` (:func:`planned_build`)."""
+    settings, components = planned_build(options)
+    return SelfForcing(components, settings)
 
 
 def place(components: Components, settings: SelfForcingSettings) -> Components:

@@ -377,6 +377,42 @@ def load_model(**options: Any) -> SkyReelsV2:
         components = tiny_components(seed=int(options.get("init_seed", 0)), dtype=dtype)
     else:
         components = load_components(Path(settings.weights), dtype)
+    return _assembled(components, settings)
+
+
+def plan_model(**options: Any) -> SkyReelsV2:
+    """SkyReels-V2 as a GPU runs it (``cuda``, bfloat16 unless ``dtype`` says otherwise) at the
+    configuration the options name, for ``jbkv plan``: the DF-1.3B transformer (Wan2.1-1.3B's
+    config), the Wan VAE and UMT5-XXL built on ``meta`` (:mod:`jbkv_cli.models.wan.planned`;
+    no weight read), diffusers' UniPC scheduler at the published settings."""
+    import diffusers
+
+    from jbkv_cli.models.wan.planned import planned_parts
+    from jbkv_cli.models.wan.self_forcing.components import MAX_SEQUENCE_LENGTH, WAN_T2V_1_3B
+
+    given = {k: v for k, v in options.items() if v is not None}
+    given = {"dtype": "bfloat16", **given, "device": "cpu"}
+    checked = parse_options(OPTIONS, given, "skyreels-v2", sep=": ", error=UsageError)
+    checked = checked_options("skyreels-v2", checked, frozenset(OPTIONS), PRESETS, "df-1.3b-540p")
+    settings = replace(_settings(checked), device="cuda")
+    dtype = dtype_from_name(settings.dtype)
+    if settings.config == "tiny-random":
+        components = tiny_components(seed=int(checked.get("init_seed", 0)), dtype=dtype)
+    else:
+        transformer, vae, text_encoder, tokenizer = planned_parts(
+            diffusers.SkyReelsV2Transformer3DModel, WAN_T2V_1_3B, dtype, MAX_SEQUENCE_LENGTH
+        )
+        scheduler = diffusers.UniPCMultistepScheduler(
+            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=8.0
+        )
+        components = Components(
+            transformer, vae, text_encoder, tokenizer, scheduler, "planned", MAX_SEQUENCE_LENGTH
+        )
+    return _assembled(components, settings)
+
+
+def _assembled(components: Components, settings: SkyReelsSettings) -> SkyReelsV2:
+    """The model of ``components`` placed on the settings' device (what both builds share)."""
     rope_frames = components.transformer.config.rope_max_seq_len
     if settings.latent_frames > rope_frames:
         raise JbkvError(
