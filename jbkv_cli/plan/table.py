@@ -13,8 +13,13 @@ from jbkv_cli.utils.console import plain
 FORMAT = "jbkv-plan/1"
 
 
-def gib(n: float) -> str:
-    return f"{n / GiB:.2f}"
+MiB = 2**20
+
+
+def unit_of(plan: ModelPlan) -> tuple[str, int]:
+    """GiB, or MiB for a plan whose largest peak is under 1 GiB (the tiny configs)."""
+    largest = max((v.peak.total for v in plan.variants), default=0)
+    return ("GiB", GiB) if largest >= GiB else ("MiB", MiB)
 
 
 def _peak_phase(v) -> str:
@@ -25,13 +30,18 @@ def plan_table(plan: ModelPlan) -> Table:
     """One row per variant: the peak (GiB) and its split, the phase it falls in, the cache a
     run records, and per budget whether it fits and the longest video that does."""
     s = plan.settings
+    unit, size = unit_of(plan)
+
+    def fmt(n: float) -> str:
+        return f"{n / size:.2f}"
+
     shown = ", ".join(
         f"{k}={v}"
         for k, v in s.items()
         if k in ("config", "num_chunks", "steps", "window", "height", "width", "dtype")
     )
     table = Table(
-        title=plain(f"{plan.model} · {shown} · GiB, predicted on fake CUDA"),
+        title=plain(f"{plan.model} · {shown} · {unit}, predicted on fake CUDA"),
         title_justify="left",
         show_edge=False,
         box=None,
@@ -45,13 +55,13 @@ def plan_table(plan: ModelPlan) -> Table:
         p = v.peak
         row = [
             plain(v.label),
-            gib(p.total),
-            gib(sum(p.weights.values())),
-            gib(p.cache),
-            gib(p.attention),
-            gib(p.activations),
+            fmt(p.total),
+            fmt(sum(p.weights.values())),
+            fmt(p.cache),
+            fmt(p.attention),
+            fmt(p.activations),
             plain(_peak_phase(v)),
-            gib(v.stored),
+            fmt(v.stored),
         ]
         for budget in plan.budgets:
             fit = "fits" if v.fits.get(budget.name) else "no"
@@ -63,8 +73,9 @@ def plan_table(plan: ModelPlan) -> Table:
 
 def notes(plan: ModelPlan) -> list[str]:
     """The lines under a model's table: the weights per component, the budget rule, the time."""
-    parts = ", ".join(f"{k} {gib(b)}" for k, b in plan.components.items())
-    lines = [f"  weights (all components, GiB): {parts}"]
+    unit, size = unit_of(plan)
+    parts = ", ".join(f"{k} {b / size:.2f}" for k, b in plan.components.items())
+    lines = [f"  weights (all components, {unit}): {parts}"]
     if plan.budgets:
         lines.append(
             f"  fits: peak + {RESERVE / GiB:.0f} GiB (CUDA context, allocator) ≤ the budget; "

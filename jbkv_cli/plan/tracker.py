@@ -152,7 +152,11 @@ class MemoryTracker(TorchDispatchMode):
         return True
 
     def _add(self, name: str, nbytes: int) -> None:
-        self.live[name] = self.live.get(name, 0) + nbytes
+        held = self.live.get(name, 0) + nbytes
+        if held:
+            self.live[name] = held
+        else:
+            self.live.pop(name, None)  # ``live`` names only the labels holding bytes
         self.total += nbytes
 
     def _free(self, key: int) -> None:
