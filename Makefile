@@ -13,7 +13,7 @@ GATE_ARGS := --prompts prompts/tiny-ci.txt --seeds 0,1 --bits 2,4 --quantizers r
              --corrections none,taylor --no-lpips --no-plots
 BASELINE  := baselines/tiny-ci.json
 
-.PHONY: setup demo test test-fast lint format gate baseline bench tiny-weights browser clean
+.PHONY: setup demo test test-fast lint format gate baseline bench gpu-check tiny-weights browser clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/methods.py
 	$(BIN)/python benchmarks/pruning.py
 	$(BIN)/python benchmarks/metrics_writes.py
+
+# One prepared script for a lent GPU (docs/plan.md): the cuda-marked tests, attention kernels at
+# every model's shapes, one full-size run per model against its plan. DRY=1: the same on a CPU
+# under fake CUDA (shapes and host syncs, no timings).
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py $(if $(DRY),--dry,)
 
 # Debian's chromium for the HTML report's browser test; a no-op when present. Where apt-get is
 # missing or fails, the test is skipped (and says why) instead of failing the build.

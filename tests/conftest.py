@@ -14,6 +14,21 @@ from pathlib import Path
 
 import pytest
 
+
+def pytest_collection_modifyitems(config, items):
+    """``cuda``-marked tests skip themselves where no CUDA GPU is (``make gpu-check`` runs
+    them on one)."""
+    marked = [item for item in items if "cuda" in item.keywords]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (make gpu-check runs it)")
+    for item in marked:
+        item.add_marker(skip)
+
 Reply = Callable[[dict[str, str]], bytes]
 """A raw route: the request's headers (names lower-case) -> the exact bytes written before the
 server closes the connection (a garbled status line, a body cut short, a redirect loop…)."""
