@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config, items):
     for item in marked:
         item.add_marker(skip)
 
+
 Reply = Callable[[dict[str, str]], bytes]
 """A raw route: the request's headers (names lower-case) -> the exact bytes written before the
 server closes the connection (a garbled status line, a body cut short, a redirect loop…)."""
