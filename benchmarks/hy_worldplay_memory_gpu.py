@@ -31,37 +31,13 @@ from pathlib import Path
 
 import torch
 
+# the public config.json numbers of the encoders upstream loads (what `jbkv plan` builds too)
+from jbkv_cli.models.hy_worldplay.planned import BYT5_SMALL, QWEN_7B_TEXT, SIGLIP_SO400M
+
 GB = 1e9
 LATENT_TOKENS = 30 * 52  # 480x832 / 16
 MEMORY_LATENTS = 20
 TEXT_TOKENS = 729 + 256 + 1000
-
-# Public config.json numbers of the encoders upstream loads (not shipped with jbkv).
-QWEN_7B_TEXT = dict(  # Qwen/Qwen2.5-VL-7B-Instruct, text_config
-    vocab_size=152064,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-)
-BYT5_SMALL = dict(  # google/byt5-small (encoder only; Glyph-SDXL-v2 adds ~1.4k tokens)
-    vocab_size=384 + 1434,
-    d_model=1472,
-    d_ff=3584,
-    d_kv=64,
-    num_layers=12,
-    num_heads=6,
-    feed_forward_proj="gated-gelu",
-)
-SIGLIP_SO400M = dict(  # google/siglip-so400m-patch14-384 (FLUX.1-Redux-dev image_encoder)
-    hidden_size=1152,
-    intermediate_size=4304,
-    num_hidden_layers=27,
-    num_attention_heads=16,
-    image_size=384,
-    patch_size=14,
-)
 
 
 def _bytes(module: torch.nn.Module, element: int) -> int:

@@ -62,3 +62,10 @@ def test_budgets_fit_and_the_longest_video(plan):
         g = v.growth
         assert (g.n1, g.n2) == (3, 4)  # the second length: one chunk more
         assert v.longest["1GiB"] == g.longest(Budget("1GiB", GiB))
+
+
+def test_the_peak_does_not_depend_on_the_steps():
+    """Every denoising step runs forwards of the same shapes: one step plans the same peak."""
+    specs = [KVSpec.build("rtn", 2, correction="taylor")]
+    plans = [plan_model("tiny", {"num_chunks": 2, "steps": s}, specs, Case(PROMPT)) for s in (1, 4)]
+    assert plans[0].variants[0].peak == plans[1].variants[0].peak
