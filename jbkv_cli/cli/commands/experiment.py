@@ -54,9 +54,17 @@ from jbkv_cli.run.experiment import (
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
-from jbkv_cli.utils.errors import UsageError
+from jbkv_cli.utils.errors import JbkvError, UsageError
 
 NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
+PlanOpt = Annotated[
+    bool,
+    typer.Option(
+        "--plan",
+        help="Print each variant's predicted peak GPU memory (jbkv plan) and exit: nothing is "
+        "generated or written.",
+    ),
+]
 
 
 def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
@@ -166,6 +174,29 @@ def _warn_noops(model: VideoModel, specs: list[KVSpec]) -> None:
             )
 
 
+def _print_plans(names, specs, options, work) -> None:
+    """``--plan``: each model's plan of these variants (``jbkv plan``'s table), nothing run."""
+    from jbkv_cli.cli.commands.plan import command_requests, run_plans, show
+
+    show(run_plans(command_requests(names, specs, options, work, [])))
+
+
+def _check_fits(names, specs, options, work) -> None:
+    """On a CUDA device: plan the grid and refuse it (one line naming the variant and its
+    bytes, exit 1) when a variant's predicted peak does not fit the device
+    (:func:`~jbkv_cli.plan.job.refusal`); nothing off CUDA."""
+    from jbkv_cli.plan.job import device_budget, refusal
+
+    budget = device_budget(options[names[0]]["device"])
+    if budget is None:
+        return
+    from jbkv_cli.cli.commands.plan import command_requests, run_plans
+
+    problem = refusal(run_plans(command_requests(names, specs, options, work, [])), budget)
+    if problem is not None:
+        raise JbkvError(problem)
+
+
 def _summary_line(summary, run: RunDir) -> None:
     rest = (
         f" videos generated, {summary.skipped} already done · "
@@ -200,6 +231,7 @@ def generate(
         bool,
         typer.Option("--diagnostics/--no-diagnostics", help="Record ΔP_S etc. while generating."),
     ] = True,
+    plan: PlanOpt = False,
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
@@ -207,6 +239,10 @@ def generate(
     spec = cache.spec()
     opts = flags.options(model)
     items = inputs.items(model, opts)
+    if plan:  # the variants' predicted GPU memory, nothing generated (docs/plan.md)
+        specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
+        _print_plans([model], specs, {model: opts}, {model: items})
+        return
     distributed.setup(flags.device)
     root = out_dir or Path("runs") / model
     files = fingerprint_inputs(root, model, opts, [c for c, _ in items])
@@ -248,6 +284,13 @@ def quantize_eval(
     vbench: Annotated[
         bool, typer.Option("--vbench", help="Also run VBench (needs `jbkv vbench setup`).")
     ] = False,
+    plan: PlanOpt = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="On CUDA: run even when the plan says a variant does not fit the GPU."
+        ),
+    ] = False,
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
@@ -258,8 +301,13 @@ def quantize_eval(
         check_model(name)
     model_opts = {name: flags.options(name) for name in names}
     work = {name: inputs.items(name, model_opts[name]) for name in names}
+    if plan:  # the grid's predicted GPU memory, nothing generated (docs/plan.md)
+        _print_plans(names, specs, model_opts, work)
+        return
     for name in names:  # every model's options and weights, before the first one runs
         check_load(name, model_opts[name])
+    if not force:  # on CUDA: a grid that cannot fit the device is refused before it starts
+        _check_fits(names, specs, model_opts, work)
     if json_path is not None:  # not over a run's files, nor over anything the command reads
         reads = [
             path

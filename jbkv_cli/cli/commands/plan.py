@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,13 +14,17 @@ from jbkv_cli.cli.groups import Inputs, ModelFlags, check_model, model_errors, w
 from jbkv_cli.cli.options import parse_seeds
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import SweepFlags, profile_paths
+from jbkv_cli.kvcache.spec import KVSpec
+from jbkv_cli.models.cases import Case
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
-from jbkv_cli.plan.budget import parse_budgets
-from jbkv_cli.plan.job import PlanRequest, run_plan
-from jbkv_cli.plan.table import notes, plan_document, plan_table
+from jbkv_cli.plan.budget import Budget, parse_budgets
+from jbkv_cli.plan.job import PlanRequest
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain
 from jbkv_cli.utils.errors import UsageError
+
+if TYPE_CHECKING:
+    from jbkv_cli.plan.run import ModelPlan
 
 
 def _requests(
@@ -83,19 +87,52 @@ def plan(
     requests, reads = _requests(names, sweep, inputs, flags, budgets)
     if json_path is not None:
         check_output_file(json_path, "--json", inputs=reads)
+    plans = run_plans(requests)
+    if json_path is not None:
+        from jbkv_cli.plan.table import plan_document
+
+        write_text_atomic(json_path, json.dumps(plan_document(plans), indent=2) + "\n")
+    show(plans)
+    if json_path is not None:
+        err.print(f"wrote {json_path}", highlight=False)
+
+
+def run_plans(requests: list[PlanRequest]) -> list[ModelPlan]:
+    """Every request's plan (progress on stderr), default cases made in a temporary folder."""
+    from jbkv_cli.plan.job import run_plan
+
     plans = []
     with tempfile.TemporaryDirectory(prefix="jbkv-plan-") as folder:
         for request in requests:
             with model_errors(request.model):
                 plans.append(run_plan(request, Path(folder), progress=_progress))
-    if json_path is not None:
-        write_text_atomic(json_path, json.dumps(plan_document(plans), indent=2) + "\n")
+    return plans
+
+
+def command_requests(
+    names: list[str],
+    specs: list[KVSpec],
+    options: dict[str, dict[str, Any]],
+    work: dict[str, list[tuple[Case, list[int]]]],
+    budgets: list[Budget],
+) -> list[PlanRequest]:
+    """The requests of ``generate``/``quantize-eval``'s own models, variants and first case."""
+    requests = []
+    for name in names:
+        opts = {k: v for k, v in options[name].items() if k != "device"}
+        case, seeds = work[name][0]
+        requests.append(PlanRequest(name, opts, specs, case, seeds[0], budgets))
+    return requests
+
+
+def show(plans: list[ModelPlan]) -> None:
+    """Each plan's table and notes on stdout."""
+    from jbkv_cli.plan.table import notes, plan_table
+
     for made in plans:
         out.print(plan_table(made))
         for line in notes(made):
             out.print(plain(line), highlight=False)
-    if json_path is not None:
-        err.print(f"wrote {json_path}", highlight=False)
 
 
 def _progress(line: str) -> None:
