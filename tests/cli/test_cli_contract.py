@@ -77,6 +77,7 @@ HELP = [
     ("weights", "status"),
     ("weights", "fetch"),
     ("convert-checkpoint",),
+    ("plan",),
 ]
 
 
