@@ -279,21 +279,25 @@ class PlanDevice:
 def _replacing_apply(original: Callable) -> Callable:
     """``Module._apply`` that puts each converted tensor in the module's place of the old one:
     torch swaps fake parameters in place, which a fake tensor (weakly referenced by its mode)
-    refuses."""
+    refuses. A tensor two modules share (tied embeddings) is converted once and stays shared."""
 
     def apply(module: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
-        if recurse:
-            for child in module.children():
-                child._apply(fn)
+        done: dict[int, torch.Tensor] = {}
         with torch.no_grad():
-            for key, param in module._parameters.items():
-                if param is not None:
-                    new = fn(param)
-                    if new is not param:
-                        module._parameters[key] = torch.nn.Parameter(new, param.requires_grad)
-            for key, buffer in module._buffers.items():
-                if buffer is not None:
-                    module._buffers[key] = fn(buffer)
+            for sub in module.modules() if recurse else [module]:
+                for key, param in sub._parameters.items():
+                    if param is not None:
+                        if id(param) not in done:
+                            new = fn(param)
+                            if new is not param:
+                                new = torch.nn.Parameter(new, param.requires_grad)
+                            done[id(param)] = new
+                        sub._parameters[key] = done[id(param)]
+                for key, buffer in sub._buffers.items():
+                    if buffer is not None:
+                        if id(buffer) not in done:
+                            done[id(buffer)] = fn(buffer)
+                        sub._buffers[key] = done[id(buffer)]
         return module
 
     return apply
