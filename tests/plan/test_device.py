@@ -62,3 +62,14 @@ def test_a_commit_is_the_cache_and_a_read_is_attention():
             t.untyped_storage()._cdata
             for t in cache.chunks[0].sides["key"].parts[0].stored().values()
         }
+
+
+def test_tied_weights_stay_one_tensor_on_the_device():
+    with PlanDevice() as device:
+        with torch.device("meta"):
+            embed = torch.nn.Embedding(100, 8)
+            head = torch.nn.Linear(8, 100, bias=False)
+        head.weight = embed.weight  # tied, as T5's and UMT5's embeddings are
+        model = torch.nn.ModuleDict({"embed": embed, "head": head}).to(torch.bfloat16).to("cuda")
+        assert model["embed"].weight is model["head"].weight
+        assert device.tracker.total == 100 * 8 * 2
