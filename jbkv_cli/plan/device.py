@@ -13,7 +13,9 @@ Labels (the split of the peak, ``docs/plan.md``):
   adapter holds: the DiT, the VAE, the text encoder, ...), counted when the plan adopts them
   after the build and whenever the model moves a component onto the device for its phase;
 - ``cache``: what :meth:`ChunkKVCache.commit <jbkv_cli.kvcache.ChunkKVCache.commit>` allocates
-  (the stored codes, steps, exact tokens and a pruner's state, plus its short-lived temporaries);
+  (the stored codes, steps, exact tokens and a pruner's state, plus its short-lived temporaries)
+  and, after each commit pass, every tensor the caches hold (:func:`held_tensors`: a 16-bit
+  cache keeps the model's own K/V, allocated outside its commit);
 - ``attention``: what a cache read and its attention allocate
   (:meth:`~jbkv_cli.kvcache.ChunkKVCache.attend` and ``read``: the dequantized window and the
   attend path's tensors, the working bytes of :mod:`jbkv_cli.attention.memory`) and the outputs
@@ -22,11 +24,15 @@ Labels (the split of the peak, ``docs/plan.md``):
   activations, the outputs of attention once they are projected).
 
 A module moved to the host (``module.to("cpu")``: a phase's offload) goes to ``meta`` instead,
-so no weight is ever allocated on the host. The chunk loop's books
-(:class:`~jbkv_cli.models.loop.LoopCaches`) close a period of the tracker when they are built
-(``setup``: text and image encoding) and after every chunk (``chunk N``); :meth:`finish`
-closes the last one (``decode``). After each commit pass the stored bytes of the cache are
-sampled (``cache_samples``), which is what a run records as ``kv_cache_bytes``.
+so no weight is ever allocated on the host; modules are converted by replacing their tensors
+(fake parameters cannot be swapped in place), tied ones once. SDPA runs the kernel a GPU would
+(:mod:`jbkv_cli.plan.sdpa`). The chunk loop's books (:class:`~jbkv_cli.models.loop.LoopCaches`)
+close a period of the tracker when they are built (``setup``: text and image encoding) and
+after every chunk (``chunk N``); the first call of the ``vae`` component after the loop starts
+``decode`` (:meth:`begin` with ``loop_only`` stops the generation there, :class:`LoopDone`), and
+:meth:`finish` closes it. After each commit pass the bytes under ``cache`` are sampled
+(``cache_samples``) and the books' peak kept (``recorded``: what a run records as
+``kv_cache_bytes``).
 """
 
 from __future__ import annotations
