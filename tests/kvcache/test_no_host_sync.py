@@ -1,6 +1,11 @@
 """No host syncs in the cache's hot path: every method × correction × pruner commits, reads and
 attends on a fake CUDA device (``jbkv_cli/utils/fake_cuda.py``) without reading a device value on the
-host, and after the first chunks copies nothing between host and device.
+host, and after the first chunks copies nothing between host and device: a constant is copied
+the first time the path that needs it runs (chunk 0 stores the first quantized chunk, chunk 1
+reads it; with sink chunks stored exact, that comes ``sink_chunks`` chunks later), then kept.
+A pruned chunk's lanes are stored at the pruner's capacity (``Decision.held``), which settles
+once its first frames are decided: one chunk later, a lane of a new length draws its k-means
+inits once more (``quant/kmeans.py``, ``Draws``).
 
 A synthetic layer stack (two layers, two KV heads of 64 channels, chunks of two 16-token
 frames) runs four chunks of two attention calls and a commit per layer, as a model's loop does;
@@ -17,6 +22,7 @@ import torch
 
 from jbkv_cli.attention.correction import CORRECTIONS
 from jbkv_cli.kvcache import KVSpec, layer_caches
+from jbkv_cli.kvcache.pruned import check_prunable
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.prune.profile import FORMAT
 from jbkv_cli.prune.registry import PRUNERS, build_pruner
@@ -26,7 +32,8 @@ from jbkv_cli.utils.fake_cuda import FakeCuda, per_chunk
 MODEL = "synthetic"
 LAYERS, KV_HEADS, Q_HEADS, DIM = 2, 2, 4, 64
 FRAME, FRAMES = 16, 2  # tokens per frame, frames per chunk
-CHUNKS, READS = 4, 2
+READS = 2
+STEADY = 2  # chunks checked after the warm-up
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,8 @@ def profile(tmp_path_factory) -> str:
 
 
 def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
-    """Every method × correction (each pruner too, with ``profile``) that builds."""
+    """Every method × correction (each pruner too, with ``profile``) that builds and, pruned,
+    that the CLI runs (methods that store each token on its own: ``check_prunable``)."""
     pruners = [None] if profile is None else [build_pruner(p, profile=profile) for p in PRUNERS]
     out = []
     for pruner in pruners:
@@ -52,8 +60,10 @@ def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
             for correction in CORRECTIONS:
                 try:
                     spec = KVSpec.build(method, 2, correction=correction, pruner=pruner)
+                    for method in {spec.key, spec.value} - {None} if pruner else ():
+                        check_prunable(method, DIM)
                 except ValueError:
-                    continue  # a combination the spec refuses (none is refused at run time)
+                    continue  # a combination refused before the run (none is refused in it)
                 out.append((spec.variant_id, spec.for_model(MODEL, FRAMES * FRAME)))
     return out
 
@@ -70,8 +80,8 @@ def _rope(device: str) -> KeyRope:
     return KeyRope("half", table)
 
 
-def _loop(spec: KVSpec, cuda: FakeCuda, rope: bool = False) -> list[int]:
-    """The transfers each chunk adds (``CHUNKS`` chunks of ``READS`` reads and a commit)."""
+def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool = False) -> list[int]:
+    """The transfers each chunk adds (``chunks`` chunks of ``READS`` reads and a commit)."""
     length = FRAMES * FRAME
     caches = layer_caches(
         spec,
@@ -83,7 +93,7 @@ def _loop(spec: KVSpec, cuda: FakeCuda, rope: bool = False) -> list[int]:
         rope=_rope("cuda") if rope else None,
     )
     counts = []
-    for chunk in range(CHUNKS):
+    for chunk in range(chunks):
         for _ in range(READS):
             for cache in caches:
                 q = torch.randn(1, Q_HEADS, length, DIM, device="cuda", dtype=torch.bfloat16)
@@ -97,9 +107,10 @@ def _loop(spec: KVSpec, cuda: FakeCuda, rope: bool = False) -> list[int]:
 
 
 def _check(spec: KVSpec, rope: bool = False) -> None:
+    warm = 2 + spec.sink_chunks + (spec.pruner is not None)  # module docstring
     with FakeCuda() as cuda:
-        added = _loop(spec, cuda, rope)  # a host read of a device value raises HostSync
-    assert added[2:] == [0] * (CHUNKS - 2), (added, cuda.transfers)
+        added = _loop(spec, cuda, warm + STEADY, rope)  # a host read raises HostSync
+    assert added[warm:] == [0] * STEADY, (spec.variant_id, added, cuda.transfers)
 
 
 @pytest.mark.parametrize(("name", "spec"), _specs(), ids=[n for n, _ in _specs()])
