@@ -80,6 +80,7 @@ from jbkv_cli.quant.tensor import (
     QuantizedTensor,
     RawTensor,
     Segmented,
+    compact,
     resolve_rule,
     signed_terms,
     zero_steps,
@@ -247,7 +248,7 @@ class ChunkKVCache:
                 chunk.sides[role] = _Side([RawTensor(x)])  # until its span is due
                 chunk.waiting.add(role)
             elif method.residual_tokens(role) > 0:
-                chunk.sides[role] = _Side([], x)  # compressed by _settle when pushed out
+                chunk.sides[role] = _Side([], compact(x))  # compressed by _settle when pushed out
             else:
                 chunk.sides[role] = _Side([self._store(method, x, role, sink)])
         keeps = sink and self.policies["key"].keeps_sink(chunk.serial)

@@ -18,7 +18,7 @@ checks; every other optional member has its default in :class:`VideoModelBase` o
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -208,6 +208,9 @@ class ModelEntry:
     - ``sample_case(folder, **options)``: the case ``jbkv plan`` generates when the user gives
       none, its files (an image, an actions file) written into ``folder``. Default None: a
       prompt (:mod:`jbkv_cli.plan.job`).
+    - ``plan_options``: options ``jbkv plan`` builds the model with unless the user sets them,
+      ones that leave every byte of the plan where it is and make it faster (the fewest
+      denoising steps: every step runs forwards of the same shapes; tested per model).
 
     Commands call the checks for every prompt and case before anything is created.
     """
@@ -219,3 +222,4 @@ class ModelEntry:
     check_cases: CheckCases | None = None
     plan_model: LoadModel | None = None
     sample_case: SampleCase | None = None
+    plan_options: Mapping[str, Any] = field(default_factory=dict)

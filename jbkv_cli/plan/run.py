@@ -162,9 +162,10 @@ def plan_model(
     """The plan of model ``name`` with ``options`` for every spec (module docstring); ``case``,
     or the function that makes the case for a length's options."""
     start = time.perf_counter()
-    build = entry(name).plan_model
-    if build is None:
+    model = entry(name)
+    if model.plan_model is None:
         raise UsageError(f"model {name!r} cannot be planned (its entry has no plan_model)")
+    options = {**model.plan_options, **options}  # the fewest steps unless asked (same bytes)
     run = _run(name, options, specs, case, seed, progress)
     variants = run.variants
     if budgets:

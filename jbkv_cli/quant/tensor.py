@@ -120,13 +120,27 @@ class QuantizedTensor:
         return self.shape[-2]
 
 
+def compact(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when it uses its whole storage, else a contiguous copy of its elements.
+
+    A view keeps its whole storage alive: a model's V sliced from its fused QKV projection holds
+    the Q and K beside it, a block sliced from a window's keys the whole window. What a cache
+    keeps exact is kept compact, so the device holds exactly the bytes it counts (``nbytes``).
+    """
+    if x.untyped_storage().nbytes() == x.numel() * x.element_size():
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 @dataclass
 class RawTensor(QuantizedTensor):
-    """Stored as is (the 16-bit reference, sinks, full-precision tails, ablations)."""
+    """Stored as is (the 16-bit reference, sinks, full-precision tails, ablations), in a storage
+    of its own (:func:`compact`)."""
 
     data: torch.Tensor
 
     def __post_init__(self) -> None:
+        self.data = compact(self.data)
         self.shape, self.dtype, self.rotation = self.data.shape, self.data.dtype, None
 
     def stored(self) -> dict[str, torch.Tensor]:

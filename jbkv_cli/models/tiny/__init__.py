@@ -166,6 +166,7 @@ ENTRY = ModelEntry(
     input_paths=input_paths,
     check_prompt=check_prompt,
     plan_model=plan_model,
+    plan_options={"steps": 1},
 )
 
 __all__ = ["ENTRY", "TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]
