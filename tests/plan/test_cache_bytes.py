@@ -11,6 +11,8 @@ from jbkv_cli.models.cases import Case
 from jbkv_cli.models.registry import load_model
 from jbkv_cli.plan.run import plan_model
 
+pytestmark = pytest.mark.slow  # five plans and five runs of the embedded model (about a minute)
+
 PROMPT = "a red circle moves right on a dark background"
 OPTIONS = {"num_chunks": 3, "steps": 1}  # the window (2) fills and slides; one step: same bytes
 SPECS = [
