@@ -194,14 +194,14 @@ def generate(
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """Generate videos with a (quantized) KV cache into a run directory; resumable."""
-    from jbkv_cli.kvcache.spec import FULL_PRECISION
-    from jbkv_cli.models.contract import resolve_spec
-    from jbkv_cli.run.experiment import fingerprint_inputs, generate_all, open_run
-
     check_model(model)
     spec = cache.spec()
     opts = flags.options(model)
     items = inputs.items(model, opts)
+    from jbkv_cli.kvcache.spec import FULL_PRECISION
+    from jbkv_cli.models.contract import resolve_spec
+    from jbkv_cli.run.experiment import fingerprint_inputs, generate_all, open_run
+
     distributed.setup(flags.device)
     root = out_dir or Path("runs") / model
     files = fingerprint_inputs(root, model, opts, [c for c, _ in items])
@@ -247,9 +247,6 @@ def quantize_eval(
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
-    from jbkv_cli.models.contract import resolve_specs
-    from jbkv_cli.run.experiment import Scoring, fingerprint_inputs, generate_all, open_run
-
     specs = sweep.specs()
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
@@ -271,6 +268,9 @@ def quantize_eval(
         check_output_file(
             json_path, "--json", runs=[out_dir / name for name in names], inputs=reads
         )
+    from jbkv_cli.models.contract import resolve_specs
+    from jbkv_cli.run.experiment import Scoring, fingerprint_inputs, generate_all, open_run
+
     distributed.setup(flags.device)
     files = {  # and every model's files, against its run folder
         name: fingerprint_inputs(out_dir / name, name, model_opts[name], [c for c, _ in items])

@@ -126,12 +126,13 @@ def llm_prefill(
     """Teacher-forced NLL of a current chunk over a quantized cached prefix (paper §5.4): the
     reference vs each variant, paired per example, by prefix-length bin and chunk size."""
     from jbkv_cli.llm.data import parse_bins, parse_sizes
-    from jbkv_cli.llm.job import PrefillRequest, prefill
 
     # an empty value is a usage error, not the default (None: the option was not given)
     bin_list = None if bins is None else tuple(parse_bins(bins))
     chunk_list = None if chunk_sizes is None else tuple(parse_sizes(chunk_sizes))
     specs = tuple(_specs(bits, quantizers, corrections, group_sizes, method_option))
+    from jbkv_cli.llm.job import PrefillRequest, prefill
+
     request = PrefillRequest(
         specs=specs,
         model=model,
