@@ -101,18 +101,26 @@ def _reader_gone_at_once(args: tuple, cwd: Path) -> tuple[int, str]:
     return proc.wait(timeout=900), err
 
 
-def test_a_reader_that_leaves_early_is_not_a_failure(tmp_path):
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """A finished ``generate`` run (the reference, seed 0), which the report tests read
+    (without --plots or --score: nothing is written into it)."""
+    cwd = tmp_path_factory.mktemp("small-run")
+    made = run("generate", "--seeds", "0", *TINY, "--out", "r", cwd=cwd)
+    assert made.returncode == 0, made.stderr
+    return cwd / "r"
+
+
+def test_a_reader_that_leaves_early_is_not_a_failure(small_run, tmp_path):
     """``jbkv --help | head``: exit 0 and nothing on stderr. Rich's help screens and tables
     exited 1 on the broken pipe, and ``report --format json`` (click's echo) printed
     ``error: BrokenPipeError``."""
-    made = run("generate", "--bits", "2", "--seeds", "0", *TINY, "--out", "o", cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
     cases = [
         ("--help",),
         ("llm-prefill", "--help"),
         ("--version",),
-        ("report", "o", "--format", "json"),
-        ("report", "o", "--format", "table"),
+        ("report", small_run, "--format", "json"),
+        ("report", small_run, "--format", "table"),
     ]
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: _reader_gone_at_once(c, tmp_path), cases))
@@ -367,15 +375,13 @@ def test_weights_that_are_not_regular_files_are_named_as_such(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_report_under_torchrun_prints_on_rank_0_only(tmp_path):
+def test_report_under_torchrun_prints_on_rank_0_only(small_run, tmp_path):
     """``torchrun --nproc-per-node 2 -m jbkv_cli report RUN``: the table once, from rank 0
     (the environment torchrun sets is enough; ``report`` joins no process group)."""
-    made = run("generate", "--seeds", "0", *TINY, "--out", "r", cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
     by_rank = []
     for rank in (0, 1):
         env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)}
-        r = run_jbkv("report", "r", cwd=tmp_path, env={"COLUMNS": "120", **env})
+        r = run_jbkv("report", small_run, cwd=tmp_path, env={"COLUMNS": "120", **env})
         assert r.returncode == 0, (rank, r.stderr)
         by_rank.append(r)
     assert by_rank[0].stdout.count("variant") == 1, by_rank[0].stdout  # the table, once
