@@ -50,19 +50,30 @@ from jbkv_cli.attention.correction import (
     taylor_bias,
     variance_bias,
 )
+from jbkv_cli.utils.host_reads import device_constant
 
 Pairs = Literal["interleaved", "half"]
 PAIRS: tuple[str, ...] = ("interleaved", "half")
 
 
-def pair_channels(dim: int, pairs: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The channels ``(c₀, c₁)`` of each of the ``D/2`` RoPE pairs (int64 ``[D/2]`` each)."""
+def pair_channels(
+    dim: int, pairs: str, device: torch.device | str = "cpu", group: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The channels ``(c₀, c₁)`` of each of the ``D/2`` RoPE pairs (int64 ``[D/2]`` each), or
+    with ``group`` the index ``c // group`` of their step groups; on ``device`` (made once per
+    device and kept off the CPU: :func:`~jbkv_cli.utils.host_reads.device_constant`)."""
     if pairs not in PAIRS:
         raise ValueError(f"pairs must be one of {PAIRS}, got {pairs!r}")
     if dim % 2:
         raise ValueError(f"RoPE needs an even head dim, got {dim}")
-    p = torch.arange(dim // 2)
-    return (2 * p, 2 * p + 1) if pairs == "interleaved" else (p, p + dim // 2)
+
+    def make() -> torch.Tensor:
+        p = torch.arange(dim // 2)
+        c = torch.stack((2 * p, 2 * p + 1) if pairs == "interleaved" else (p, p + dim // 2))
+        return c // group
+
+    c0, c1 = device_constant(("rope-pairs", dim, pairs, group), make, device)
+    return c0, c1
 
 
 def pair_table(table: torch.Tensor, pairs: str) -> torch.Tensor:
@@ -118,10 +129,9 @@ def needs_pair_terms(step: torch.Tensor, dim: int, rot: KeyRotation | None, form
 
 def _pair_steps(step: torch.Tensor, dim: int, pairs: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps ``[..., Lk, G]`` per pair channel: ``(Δ₀, Δ₁)`` ``[..., Lk, D/2]`` (float32)."""
-    c0, c1 = pair_channels(dim, pairs)
-    group = dim // step.shape[-1]
     s = step.float()
-    return s[..., (c0 // group).to(s.device)], s[..., (c1 // group).to(s.device)]
+    g0, g1 = pair_channels(dim, pairs, s.device, group=dim // step.shape[-1])
+    return s[..., g0], s[..., g1]
 
 
 def _check(q: torch.Tensor, step: torch.Tensor, rot: KeyRotation) -> None:
@@ -151,7 +161,7 @@ def rope_taylor_bias(
     sq = step.float().square() if step2 is None else step2.float()
     if whole_pairs(step.shape[-1], dim, rot.pairs):
         return variance_bias(q, sq, scale) if step2 is not None else taylor_bias(q, step, scale)
-    c0, c1 = (c.to(q.device) for c in pair_channels(dim, rot.pairs))
+    c0, c1 = pair_channels(dim, rot.pairs, q.device)
     qf = q.float()
     q0, q1 = qf[..., c0], qf[..., c1]  # [..., Hq, Lq, P]
     d0, d1 = (_expand_kv_heads(d, q.shape[-3]) for d in _pair_steps(sq, dim, rot.pairs))
@@ -176,7 +186,7 @@ def rope_exact_bias(
     ``q [..., Hq, Lq, D]``, ``step [..., Hkv, Lk, G]`` -> ``[..., Hq, Lq, Lk]``."""
     _check(q, step, rot)
     dim = q.shape[-1]
-    c0, c1 = (c.to(q.device) for c in pair_channels(dim, rot.pairs))
+    c0, c1 = pair_channels(dim, rot.pairs, q.device)
     qf = q.float()
     q0, q1 = qf[..., c0], qf[..., c1]  # [..., Hq, Lq, P]
     d0, d1 = (_expand_kv_heads(d, q.shape[-3]) for d in _pair_steps(step, dim, rot.pairs))

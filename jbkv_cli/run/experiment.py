@@ -36,6 +36,7 @@ from jbkv_cli.run.shards import merge_shards, save_scores
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.console import visible
 from jbkv_cli.utils.errors import JbkvError
+from jbkv_cli.utils.host_reads import deferred_checks
 from jbkv_cli.utils.progress import Progress, counting_progress
 
 HISTOGRAM_SAMPLES = 2000
@@ -270,7 +271,8 @@ def _generate_one(model, run, spec, vid, name, case: Case, seed, diagnostics, pr
     rec = AttentionRecorder() if diagnostics and not spec.is_reference else None
     start = time.perf_counter()
     try:
-        with metering() as meter, cuda_peak() as peak, counting() as held:
+        # value checks off the CPU (finite keys, FP8 range) are read once, at the video's end
+        with metering() as meter, cuda_peak() as peak, counting() as held, deferred_checks():
             video = model.generate(case, seed, spec, progress=on_chunk, observer=rec)
     except ValueError as exc:
         raise JbkvError(f"{spec.label} on {model.name}: {exc}") from exc

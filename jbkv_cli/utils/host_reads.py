@@ -27,7 +27,9 @@ change, so both answers give the same output.
 a read does (CUDA synchronizes the stream before a copy from pageable memory). Constants made on
 the CPU (a rotation's signs, a codebook, a table) are copied to a device once and kept there
 (:func:`device_copy`, :func:`kept`): the first call on a device copies, the next ones reuse;
-small values a loop computes on the host are kept by value (:func:`device_values`).
+constants made from a few integers (a RoPE pair's channel indices) are kept by that key
+(:func:`device_constant`); small values a loop computes on the host are kept by value
+(:func:`device_values`).
 """
 
 from __future__ import annotations
@@ -150,6 +152,17 @@ def device_copy(
         return t.to(device=device, dtype=dtype)
     key = ("copy", id(t), str(device), dtype)
     return kept(key, lambda: t.to(device=device, dtype=dtype), owner=t)
+
+
+def device_constant(
+    key: tuple, make: Callable[[], torch.Tensor], device: torch.device | str
+) -> torch.Tensor:
+    """``make()`` (a CPU tensor that depends only on ``key``, hashable values) on ``device``: on
+    the CPU made at each call, elsewhere made and copied once per (``key``, device) and kept."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return make()
+    return kept(("constant", *key, str(device)), lambda: make().to(device))
 
 
 def device_values(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -21,7 +21,7 @@ def cache_free_latents(model, cond, seed, name):
     g = noise_generator(seed, name)
     done: list[torch.Tensor] = []
     for c in range(s.num_chunks):
-        x = model.draw(g)
+        x = next(model.draws(g, 1))
         frames = (c + 1) * k
         attn = MaskedAttention(frames, model.frame_tokens, k, model.preset.dit.local_attn_size)
         for i, (t, sigma) in enumerate(zip(sched.timesteps, sched.sigmas, strict=True)):
@@ -33,7 +33,7 @@ def cache_free_latents(model, cond, seed, name):
             )
             x0 = to_x0(x, v[:, :, -k:].float(), sigma)
             if i + 1 < len(sched):
-                x = renoise(x0, model.draw(g), sched.sigmas[i + 1])
+                x = renoise(x0, next(model.draws(g, 1)), sched.sigmas[i + 1])
         done.append(x0)
     return torch.cat(done, dim=2)
 

@@ -1,4 +1,4 @@
-"""A fake CUDA device for tests: device tensors have shapes and no values, CPU tensors stay real.
+"""A fake CUDA device (tests, `jbkv plan`): device tensors have shapes and no values, CPU tensors stay real.
 
     with FakeCuda() as cuda:
         model = cuda.move(model)          # built on the CPU, its modules and tensors to "cuda"
@@ -37,6 +37,8 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from jbkv_cli.utils.host_reads import forget_kept
+
 HostSync = (DataDependentOutputException, DynamicOutputShapeException)
 """What a host read of a fake device value raises."""
 
@@ -68,6 +70,7 @@ class FakeCuda(TorchDispatchMode):
         self.transfers: list[tuple[str, tuple[str, ...]]] = []
 
     def __enter__(self) -> FakeCuda:
+        forget_kept()  # device copies kept by jbkv are fake inside, stale outside
         self.fake.__enter__()  # beneath this mode: device ops land there; no CUDA call is made
         self._module_to = torch.nn.Module.to
         torch.nn.Module.to = _module_to(self._module_to)
@@ -77,6 +80,7 @@ class FakeCuda(TorchDispatchMode):
         super().__exit__(*exc)
         torch.nn.Module.to = self._module_to
         self.fake.__exit__(*exc)
+        forget_kept()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

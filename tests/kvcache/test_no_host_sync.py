@@ -1,0 +1,137 @@
+"""No host syncs in the cache's hot path: every method × correction × pruner commits, reads and
+attends on a fake CUDA device (``jbkv_cli/utils/fake_cuda.py``) without reading a device value on the
+host, and after the first chunks copies nothing between host and device: a constant is copied
+the first time the path that needs it runs (chunk 0 stores the first quantized chunk, chunk 1
+reads it; with sink chunks stored exact, that comes ``sink_chunks`` chunks later), then kept.
+A pruned chunk's lanes are stored at the pruner's capacity (``Decision.held``), which settles
+once its first frames are decided: one chunk later, a lane of a new length draws its k-means
+inits once more (``quant/kmeans.py``, ``Draws``).
+
+A synthetic layer stack (two layers, two KV heads of 64 channels, chunks of two 16-token
+frames) runs four chunks of two attention calls and a commit per layer, as a model's loop does;
+the pruners read a profile written for it (layer 0 dynamic and static, layer 1 dynamic).
+The model loops themselves: ``tests/models/test_fake_cuda_loop.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from jbkv_cli.attention.correction import CORRECTIONS
+from jbkv_cli.kvcache import KVSpec, layer_caches
+from jbkv_cli.kvcache.pruned import check_prunable
+from jbkv_cli.kvcache.rope import KeyRope
+from jbkv_cli.prune.profile import FORMAT
+from jbkv_cli.prune.registry import PRUNERS, build_pruner
+from jbkv_cli.quant.registry import METHODS
+from jbkv_cli.utils.fake_cuda import FakeCuda, per_chunk
+
+MODEL = "synthetic"
+LAYERS, KV_HEADS, Q_HEADS, DIM = 2, 2, 4, 64
+FRAME, FRAMES = 16, 2  # tokens per frame, frames per chunk
+READS = 2
+STEADY = 2  # chunks checked after the warm-up
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> str:
+    doc = {
+        "format": FORMAT,
+        "model": MODEL,
+        "anchor_frames": 1,
+        "threshold": 0.75,
+        "layers": [{"heads": ["dynamic", "static"]}, {"heads": ["dynamic", "dynamic"]}],
+    }
+    path = tmp_path_factory.mktemp("profile") / f"{MODEL}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
+    """Every method × correction (each pruner too, with ``profile``) that builds and, pruned,
+    that the CLI runs (methods that store each token on its own: ``check_prunable``)."""
+    pruners = [None] if profile is None else [build_pruner(p, profile=profile) for p in PRUNERS]
+    out = []
+    for pruner in pruners:
+        for method in METHODS:
+            for correction in CORRECTIONS:
+                try:
+                    spec = KVSpec.build(method, 2, correction=correction, pruner=pruner)
+                    for method in {spec.key, spec.value} - {None} if pruner else ():
+                        check_prunable(method, DIM)
+                except ValueError:
+                    continue  # a combination refused before the run (none is refused in it)
+                out.append((spec.variant_id, spec.for_model(MODEL, FRAMES * FRAME)))
+    return out
+
+
+def _rope(device: str) -> KeyRope:
+    """Rotate-half RoPE tables made on the device, memoized per position by the cache."""
+
+    def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(FRAMES * FRAME, device=device, dtype=torch.float32) + position
+        freqs = 100.0 ** (-torch.arange(DIM // 2, device=device, dtype=torch.float32) / DIM)
+        angles = torch.cat([pos[:, None] * freqs] * 2, dim=-1)
+        return angles.cos(), angles.sin()
+
+    return KeyRope("half", table)
+
+
+def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool = False) -> list[int]:
+    """The transfers each chunk adds (``chunks`` chunks of ``READS`` reads and a commit)."""
+    length = FRAMES * FRAME
+    caches = layer_caches(
+        spec,
+        2,
+        model=MODEL,
+        layers=LAYERS,
+        kv_heads=KV_HEADS,
+        frame_tokens=FRAME,
+        rope=_rope("cuda") if rope else None,
+    )
+    counts = []
+    for chunk in range(chunks):
+        for _ in range(READS):
+            for cache in caches:
+                q = torch.randn(1, Q_HEADS, length, DIM, device="cuda", dtype=torch.bfloat16)
+                kv = torch.randn(2, 1, KV_HEADS, length, DIM, device="cuda", dtype=torch.bfloat16)
+                cache.attend(q, kv[0], kv[1], scale=DIM**-0.5)
+        for cache in caches:
+            kv = torch.randn(2, 1, KV_HEADS, length, DIM, device="cuda", dtype=torch.bfloat16)
+            cache.commit(kv[0], kv[1], **({"position": chunk * FRAMES} if rope else {}))
+        counts.append(cuda.count())
+    return per_chunk(counts)
+
+
+def _check(spec: KVSpec, rope: bool = False) -> None:
+    warm = 2 + spec.sink_chunks + (spec.pruner is not None)  # module docstring
+    with FakeCuda() as cuda:
+        added = _loop(spec, cuda, warm + STEADY, rope)  # a host read raises HostSync
+    assert added[warm:] == [0] * STEADY, (spec.variant_id, added, cuda.transfers)
+
+
+@pytest.mark.parametrize(("name", "spec"), _specs(), ids=[n for n, _ in _specs()])
+def test_every_method_and_correction_reads_nothing_back(name, spec):
+    _check(spec)
+
+
+def test_every_pruner_reads_nothing_back(profile):
+    """Each pruner with every method × correction it takes (one test: the specs need the
+    profile's path)."""
+    specs = _specs(profile)
+    assert {s.pruner.name for _, s in specs} == set(PRUNERS)
+    for _, spec in specs:
+        _check(spec)
+
+
+@pytest.mark.parametrize("correction", ["taylor", "exact"])
+def test_pre_rope_keys_read_nothing_back(correction):
+    """Keys cached before RoPE and rotated on every read (the rotation's correction terms)."""
+    _check(KVSpec.build("qvg", 2, correction=correction, layout="pre-rope"), rope=True)
+
+
+def test_sink_chunks_read_nothing_back():
+    _check(KVSpec.build("rtn", 2, correction="exact", sink_chunks=1))
