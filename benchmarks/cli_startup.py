@@ -9,10 +9,11 @@ writes them to ``benchmarks/results/cli_startup.json``. CPU time, not wall clock
 to compare on a shared machine. Without ``--run`` it first makes a small run on the embedded
 model (2 prompts, INT2/INT4 RTN with and without the correction, no LPIPS, no plots).
 
-    .venv/bin/python benchmarks/cli_startup.py [--repeat 5] [--run RUN]
+    .venv/bin/python benchmarks/cli_startup.py [--repeat 5] [--run RUN] [--before TREE]
 
-It runs the ``jbkv`` beside this interpreter; ``PYTHONPATH=OTHER_TREE`` measures another
-checkout's code with the same environment (how docs/benchmarks.md compares before and after).
+It runs the ``jbkv`` beside this interpreter. ``--before TREE`` also runs another checkout's code
+(``PYTHONPATH=TREE``, same environment), each repeat one A/B pair, and prints the ratio of the
+CPU seconds (this tree / TREE): how docs/benchmarks.md compares before and after.
 """
 
 from __future__ import annotations
@@ -44,15 +45,17 @@ def invocations(run: Path) -> dict[str, list[str]]:
     }
 
 
-def measure(args: list[str], cwd: Path) -> tuple[float, float, float, int]:
-    """(user s, system s, wall s, exit code) of one ``jbkv ARGS``."""
+def measure(
+    args: list[str], cwd: Path, tree: Path | None = None
+) -> tuple[float, float, float, int]:
+    """(user s, system s, wall s, exit code) of one ``jbkv ARGS`` (``tree``: that checkout's
+    code on ``PYTHONPATH``)."""
+    env = {**os.environ, "COLUMNS": "120"}
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     start = time.perf_counter()
     child = subprocess.Popen(
-        [JBKV, *args],
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "120"},
+        [JBKV, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
@@ -78,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--run", type=Path, help="a finished run folder (default: make one)")
+    parser.add_argument("--before", type=Path, help="another checkout to compare (A/B pairs)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cli_startup.json")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,18 +89,24 @@ def main() -> None:
         run = a.run.resolve() if a.run else make_run(work)
         rows = {}
         for label, args in invocations(run).items():
-            samples = [measure(args, work) for _ in range(a.repeat)]
+            pairs = [
+                (measure(args, work, ROOT), a.before and measure(args, work, a.before))
+                for _ in range(a.repeat)
+            ]
+            samples = [p[0] for p in pairs]
             user, system, wall = (statistics.median(s[i] for s in samples) for i in range(3))
             codes = sorted({s[3] for s in samples})
             rows[label] = {"user_s": user, "system_s": system, "wall_s": wall, "exit": codes}
-            print(
-                f"{label:38} user {user:6.2f} s  sys {system:5.2f} s  "
-                f"wall {wall:6.2f} s  exit {codes}",
-                flush=True,
-            )
+            line = f"{label:38} CPU {user + system:6.2f} s  wall {wall:6.2f} s  exit {codes}"
+            if a.before:
+                ratios = [(p[0][0] + p[0][1]) / (p[1][0] + p[1][1]) for p in pairs]
+                before = statistics.median(p[1][0] + p[1][1] for p in pairs)
+                rows[label] |= {"before_cpu_s": before, "cpu_ratio": statistics.median(ratios)}
+                line += f"  before {before:6.2f} s  ratio {statistics.median(ratios):.3f}"
+            print(line, flush=True)
     result = {
         "repeat": a.repeat,
-        "pythonpath": os.environ.get("PYTHONPATH", ""),
+        "before": str(a.before or ""),
         "machine": platform.platform(),
         "cpus": os.cpu_count(),
         "medians": rows,
