@@ -4,6 +4,7 @@ meets them (``CliRunner`` hides exit-code and entry-point bugs). The one place t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,4 +49,47 @@ def run_jbkv(
     )
     if check:
         assert done.returncode == 0, done.stderr
+    return done
+
+
+def run_in_process(
+    *args: object,
+    cwd: Path | None = None,
+    columns: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``jbkv ARGS`` through the same Typer app inside this process (Typer's ``CliRunner``), in
+    ``cwd``, with ``env`` added to the environment and ``JBKV_DEBUG`` removed: the exit code,
+    stdout and stderr :func:`run_jbkv` gets for a command that answers from its arguments and
+    files (usage errors, refusals, ``report``), without a new interpreter importing torch (about
+    3 s of CPU a call). Not for signals, stdin, the console script or start-up: a test that
+    uses it for many cases runs at least one of them through :func:`run_jbkv` as well
+    (:func:`run_cases`)."""
+    from typer.testing import CliRunner
+
+    from jbkv_cli.cli.app import app
+
+    extra: dict[str, str | None] = {"JBKV_DEBUG": None, **(env or {})}
+    if columns is not None:
+        extra["COLUMNS"] = str(columns)
+    argv = [str(a) for a in args]
+    with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
+        done = CliRunner().invoke(app, argv, env=extra, catch_exceptions=False)
+    return subprocess.CompletedProcess(["jbkv", *argv], done.exit_code, done.stdout, done.stderr)
+
+
+def run_cases(
+    cases: list[tuple], cwd: Path | None = None, columns: int | None = None, installed: int = 1
+) -> list[subprocess.CompletedProcess]:
+    """Each case (a ``jbkv`` argument tuple) run in this process (:func:`run_in_process`), the
+    first ``installed`` of them through the installed ``jbkv`` as well, which must answer the
+    same (exit code, stdout, stderr): the subprocess proves the entry point, the rest are cheap."""
+    done = [run_in_process(*case, cwd=cwd, columns=columns) for case in cases]
+    for case, here in zip(cases[:installed], done, strict=False):
+        there = run_jbkv(*case, cwd=cwd, columns=columns)
+        assert (there.returncode, there.stdout, there.stderr) == (
+            here.returncode,
+            here.stdout,
+            here.stderr,
+        ), case
     return done

@@ -1,12 +1,14 @@
 """The console script ``jbkv`` and ``python -m jbkv_cli``.
 
-Importing the CLI pulls in torch and friends, which takes seconds. The signal handler of
+Importing the CLI imports no torch (its commands import the library once their options are
+checked: ``--help`` and usage errors answer in a fraction of a second). The signal handler of
 :mod:`jbkv_cli.utils.lifecycle` is installed before anything else and stays until the process exits:
-during the imports SIGINT, SIGTERM and SIGHUP only set a flag (an interrupt raised *inside*
-torch's import aborts the process from C++, signal 6), and such a signal is honoured as soon as
-they finish: one line, exit ``128 + N``. An import that fails (a broken install, a memory cap
-such as ``ulimit -v`` too low for torch's libraries) is one line and exit 1, not a traceback
-(``JBKV_DEBUG=1`` shows it). (The package's ``__init__`` is lazy for the same reasons.)
+during the imports (and a command's first import of torch) SIGINT, SIGTERM and SIGHUP only set a
+flag (an interrupt raised *inside* torch's import aborts the process from C++, signal 6), and
+such a signal is honoured as soon as they finish: one line, exit ``128 + N``. An import that
+fails (a broken install, a memory cap such as ``ulimit -v`` too low for torch's libraries) is
+one line and exit 1, not a traceback (``JBKV_DEBUG=1`` shows it). (The package's ``__init__`` is
+lazy for the same reasons.)
 """
 
 from __future__ import annotations

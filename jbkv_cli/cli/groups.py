@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeVar, get_args, get_type_hints
 
 from typer.models import OptionInfo
 
@@ -49,7 +49,6 @@ from jbkv_cli.cli.options import (
     with_image,
 )
 from jbkv_cli.models.cases import Case
-from jbkv_cli.models.contract import VideoModel
 from jbkv_cli.models.registry import (
     MODELS,
     check_cases,
@@ -58,9 +57,11 @@ from jbkv_cli.models.registry import (
     input_paths,
     load_model,
 )
-from jbkv_cli.run.directory import check_prompt
 from jbkv_cli.run.fingerprints import case_files, with_digests
 from jbkv_cli.utils.errors import JbkvError, UsageError
+
+if TYPE_CHECKING:
+    from jbkv_cli.models.contract import VideoModel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -194,6 +195,8 @@ class Prompts(OptionGroup):
     def prompt_items(self, model: str) -> list[tuple[str, list[int]]]:
         """(prompt, seeds) pairs, every prompt checked for file names (:func:`check_prompt`) and
         by the model, before anything is created."""
+        from jbkv_cli.run.directory import check_prompt
+
         pairs = read_prompt_items(self.prompts, self.prompt, model, parse_seeds(self.seeds))
         items = [(check_prompt(p), s) for p, s in pairs]
         check_prompts(model, [p for p, _ in items])
@@ -213,6 +216,8 @@ class Inputs(Prompts):
         trajectory for a text-only model, a trajectory of the wrong length, …), before anything
         is created; each case carries the digests of its files (a run refuses a resume from
         changed ones: :mod:`jbkv_cli.run.fingerprints`)."""
+        from jbkv_cli.run.directory import check_prompt
+
         if self.cases is None:
             items = [(Case(p), s) for p, s in self.prompt_items(model)]
         else:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from jbkv_cli.attention.correction import CORRECTIONS
+from jbkv_cli.cli import names
 from jbkv_cli.models.cases import Case, read_case_file, resolve_input
 from jbkv_cli.utils.console import err, plain
 from jbkv_cli.utils.device import resolve_device
@@ -72,7 +72,7 @@ ModelOptionOpt = Annotated[
 
 
 MAX_SEEDS = 10_000
-CLI_CORRECTIONS = tuple(n for n, c in CORRECTIONS.items() if not c.ablation)  # not bias-only
+CLI_CORRECTIONS = names.CORRECTIONS  # not the ablation bias-only
 
 
 def parse_seeds(text: str | None) -> list[int] | None:

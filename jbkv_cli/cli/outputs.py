@@ -22,7 +22,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from jbkv_cli.run.schema import manifest_problem
 from jbkv_cli.utils.atomic import check_writable_file
 from jbkv_cli.utils.errors import JbkvError, UsageError
 from jbkv_cli.utils.jsonio import read_json
@@ -125,6 +124,8 @@ def _is_run(folder: Path) -> bool:
             return False
         if (folder / "videos").is_dir():
             return True
+        from jbkv_cli.run.schema import manifest_problem  # (torch, via the PSNR cap)
+
         return manifest_problem(read_json(manifest)) is None
     except (OSError, JbkvError):
         return False

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import typer
 
 from jbkv_cli.cli.groups import OptionGroup
+from jbkv_cli.cli.names import method_names, pruner_names
 from jbkv_cli.cli.options import (
     CLI_CORRECTIONS,
     MethodOptionOpt,
@@ -22,13 +23,13 @@ from jbkv_cli.cli.options import (
     parse_list,
     parse_method_options,
 )
-from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.prune.base import KVPruner
-from jbkv_cli.prune.registry import build_pruner, pruner_names
-from jbkv_cli.quant.registry import METHODS, method_names
+from jbkv_cli.run.ablations import ABLATIONS
 from jbkv_cli.run.bit_specs import parse_bit_list, side_bits
-from jbkv_cli.run.experiment import ABLATIONS, build_matrix
 from jbkv_cli.utils.errors import UsageError, shown
+
+if TYPE_CHECKING:  # torch: the variants are built once the options are checked
+    from jbkv_cli.kvcache.spec import KVSpec
+    from jbkv_cli.prune.base import KVPruner
 
 DEFAULT_GRID = {"bits": "2,4", "group_sizes": None, "quantizers": "rtn,quarot"}  # None: each
 # method's own group size (KVMethod.default_group_size: 32, QVG and QuantWM 64)
@@ -42,6 +43,8 @@ def method_options(items: list[str] | None) -> dict[str, dict[str, Any]]:
 
 def build_spec(*args: Any, **kwargs: Any) -> KVSpec:
     """:meth:`KVSpec.build`, with a bad combination as a usage error."""
+    from jbkv_cli.kvcache.spec import KVSpec
+
     try:
         return KVSpec.build(*args, **kwargs)
     except ValueError as exc:
@@ -63,6 +66,8 @@ def pruner_from(name: str, options: dict[str, dict[str, Any]]) -> KVPruner | Non
         raise UsageError(
             f"--pruner must be none or one of {', '.join(pruner_names())}, got {shown(name)}"
         )
+    from jbkv_cli.prune.registry import build_pruner
+
     try:
         return build_pruner(name, **options.get(name, {}))
     except ValueError as exc:
@@ -154,6 +159,9 @@ class CacheFlags(OptionGroup):
             raise UsageError(
                 f"--group-size must be a positive channel count, got {self.group_size}"
             )
+        from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
+        from jbkv_cli.quant.registry import METHODS
+
         if pair.key == pair.value == 16:
             return FULL_PRECISION if pruner is None else KVSpec(pruner=pruner)
         kw = ABLATIONS.get(ablation or "", {}) | options.get(self.quantizer, {})
@@ -247,6 +255,8 @@ class SweepFlags(OptionGroup):
             else []
         )
         options = method_options(self.method_option)
+        from jbkv_cli.run.experiment import build_matrix
+
         try:
             return build_matrix(
                 bit_list, quant_list, corr_list, groups, abl_list, options, prune_list

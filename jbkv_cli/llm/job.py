@@ -1,11 +1,11 @@
 """The llm-prefill job as one call: a request, checked whole before anything is made, then run.
 
-:func:`prepare` resolves the model's defaults (:data:`EMBEDDED_DEFAULTS` for the embedded LM,
-:data:`PAPER_DEFAULTS` for any other), checks every input (backend, data, device, dtype, the
-``--json`` path, the model's files against the run folder, that each method stores the
-model's heads and the longest job fits its positions, the run folder's settings) and chooses
-the examples; it creates nothing (neither the run folder nor ``--json``). :func:`run` opens the
-run, scores what is missing (:func:`~jbkv_cli.llm.evaluate.run_jobs`) and writes the report.
+:func:`prepare` resolves the model's defaults (:mod:`jbkv_cli.llm.defaults`: the embedded LM's
+or the paper's), checks every input (backend, data, device, dtype, the ``--json`` path, the
+model's files against the run folder, that each method stores the model's heads and the longest
+job fits its positions, the run folder's settings) and chooses the examples; it creates nothing
+(neither the run folder nor ``--json``). :func:`run` opens the run, scores what is missing
+(:func:`~jbkv_cli.llm.evaluate.run_jobs`) and writes the report.
 :func:`prefill` is the two in a row; ``jbkv llm-prefill`` parses its options into a
 :class:`PrefillRequest`, calls it and prints the :class:`PrefillResult`.
 """
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from jbkv_cli.attention.attend import BACKENDS as ATTENTION_BACKENDS
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.llm.data import Bin, Example, Source, parse_bins, parse_sizes
+from jbkv_cli.llm.defaults import EMBEDDED_DEFAULTS, MAX_EXAMPLES, PAPER_DEFAULTS
 from jbkv_cli.llm.models import DTYPES as TORCH_DTYPES
 from jbkv_cli.llm.models import EMBEDDED, LoadedLM
 from jbkv_cli.llm.run import LlmRun
@@ -36,15 +37,8 @@ if TYPE_CHECKING:  # the job's modules load transformers: imported where the job
     from jbkv_cli.llm.evaluate import Summary
     from jbkv_cli.llm.report import Row
 
-EMBEDDED_DEFAULTS = {"data": "synthetic", "bins": "128-256,256-512", "chunks": "32,64,128,256"}
-PAPER_DEFAULTS = {
-    "data": "longbench-pro",
-    "bins": "256-512,512-1024",
-    "chunks": "128,512,2048,8192",
-}
 BACKENDS = tuple(ATTENTION_BACKENDS)  # the corrected attention's kernels
 DTYPES = ("auto", *TORCH_DTYPES)  # auto: jbkv_cli.llm.models.resolve_dtype
-MAX_EXAMPLES = 100_000
 
 
 @dataclass(frozen=True)

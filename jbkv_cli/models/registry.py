@@ -2,7 +2,9 @@
 
 The module exports ``ENTRY``, a :class:`~jbkv_cli.models.contract.ModelEntry`: its factory and
 the checks commands run before anything is created (what each does, and the defaults of the
-optional ones, are stated there). The functions below call them by model name.
+optional ones, are stated there). The functions below call them by model name. Importing this
+module imports no model and no torch: the command line takes ``MODELS`` and ``DEFAULT_MODEL``
+from here for its choices and help.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jbkv_cli.models.base import text_case
-from jbkv_cli.models.cases import Case
-from jbkv_cli.models.contract import ModelEntry, VideoModel
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.library_output import quiet_warnings
+
+if TYPE_CHECKING:  # torch: imported where a model is used
+    from jbkv_cli.models.cases import Case
+    from jbkv_cli.models.contract import ModelEntry, VideoModel
 
 # name -> the module whose ENTRY (a ModelEntry) is the model
 MODELS: dict[str, str] = {
@@ -36,6 +39,8 @@ def entry(name: str) -> ModelEntry:
     """The :class:`ModelEntry` of the model registered as ``name`` (its module imported now);
     an unknown name is a :class:`UsageError`, a module without a ``ModelEntry`` as ``ENTRY`` a
     :class:`TypeError` (a registration bug)."""
+    from jbkv_cli.models.contract import ModelEntry
+
     if name not in MODELS:
         raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
     module = importlib.import_module(MODELS[name])
@@ -69,6 +74,8 @@ def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
     """Raise :class:`UsageError` for the first case model ``name`` cannot generate with
     ``options`` (its entry's ``check_cases``; without one a case must be a prompt, and the
     prompts must pass :func:`check_prompts`). Called before anything is created."""
+    from jbkv_cli.models.base import text_case
+
     cases = list(cases)
     check = entry(name).check_cases
     if check is not None:

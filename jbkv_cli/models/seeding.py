@@ -4,8 +4,10 @@ from a generator seeded with ``sha256(f"{seed}\\0{prompt}")`` (:func:`derive_see
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # derive_seed needs no torch (llm-prefill's data, checked at start-up)
+    import torch
 
 
 def derive_seed(seed: int, prompt: str) -> int:
@@ -16,4 +18,6 @@ def derive_seed(seed: int, prompt: str) -> int:
 
 def noise_generator(seed: int, prompt: str) -> torch.Generator:
     """A CPU generator seeded from (seed, prompt); draw on the CPU, then move to the device."""
+    import torch
+
     return torch.Generator(device="cpu").manual_seed(derive_seed(seed, prompt))

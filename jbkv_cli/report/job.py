@@ -89,7 +89,6 @@ def _video_report(r: ReportRequest) -> Report | None:
     from jbkv_cli.report.gate import check_baseline, load_baseline, parse_tolerances
     from jbkv_cli.report.table import build_rows, to_json
     from jbkv_cli.run.directory import RunDir
-    from jbkv_cli.run.experiment import score_fidelity
 
     tol = parse_tolerances(r.tolerance)
     base = load_baseline(r.baseline) if r.baseline is not None else None
@@ -99,6 +98,8 @@ def _video_report(r: ReportRequest) -> Report | None:
         check_writable_dir(report_dir, "report folder")
     if r.score:
         check_writable_dir(run.root / "metrics", "metrics folder")
+        from jbkv_cli.run.experiment import score_fidelity  # the metrics' models: only to score
+
         distributed.setup()  # under torchrun: each rank scores a share of the pairs
         score_fidelity(run, lpips=r.lpips)
     if not distributed.only_rank0_reports():  # under torchrun rank 0 alone reports

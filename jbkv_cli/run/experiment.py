@@ -28,6 +28,7 @@ from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import CasePlanner, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
+from jbkv_cli.run.ablations import ABLATIONS
 from jbkv_cli.run.bit_specs import BitPair
 from jbkv_cli.run.directory import RunDir, check_inputs, check_prompt, video_name
 from jbkv_cli.run.fingerprints import Fingerprint, expand, fingerprint
@@ -39,11 +40,6 @@ from jbkv_cli.utils.host_reads import deferred_checks
 from jbkv_cli.utils.progress import Progress, counting_progress
 
 HISTOGRAM_SAMPLES = 2000
-ABLATIONS: dict[str, dict[str, bool]] = {
-    "keys-only": {"values": False},
-    "values-only": {"keys": False},
-    "bias-only": {"bias_only": True},
-}
 
 
 def build_matrix(

@@ -23,6 +23,9 @@ that is waiting for its peers sees the note and stops too. Collectives time out 
 ``JBKV_DIST_TIMEOUT`` seconds (default 1800). Waiting for the others to finish their share can
 legitimately take hours, so that wait times out only when *no* rank has made progress (a chunk
 generated, a pair scored, a VBench line) for that long.
+
+torch is imported by the functions that join or use a process group, not with this module, which
+the CLI imports at start-up (``jbkv --help`` or a usage error needs no torch).
 """
 
 from __future__ import annotations
@@ -37,9 +40,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-
-import torch
-import torch.distributed as dist
 
 from jbkv_cli.utils.console import mute, warn
 from jbkv_cli.utils.errors import JbkvError, UsageError
@@ -156,6 +156,8 @@ def setup(device: str | None = None) -> None:
     job = launch()
     if job is None or active():
         return
+    import torch
+
     timeout = timeout_seconds()
     want_cuda = device is None or device == "auto" or str(device).startswith("cuda")
     cuda = want_cuda and torch.cuda.is_available()
@@ -163,7 +165,7 @@ def setup(device: str | None = None) -> None:
         torch.cuda.set_device(job.local_rank % torch.cuda.device_count())
     backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     try:
-        dist.init_process_group(
+        _dist().init_process_group(
             backend, rank=job.rank, world_size=job.world_size, timeout=timedelta(seconds=timeout)
         )
     except (RuntimeError, ValueError) as exc:
@@ -183,6 +185,8 @@ def child_env() -> dict[str, str]:
     """Environment for subprocesses (the VBench runner) that pins them to this rank's GPU."""
     if not (active() and _state.cuda):
         return {}
+    import torch
+
     index = torch.cuda.current_device()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [x.strip() for x in visible.split(",")] if visible else None
@@ -217,9 +221,9 @@ def from_rank0(fn: Callable[[], T], what: str) -> T:
         except Exception as exc:
             code = exc.exit_code if isinstance(exc, JbkvError) else 1
             payload[0] = ("error", code)
-            _collective(what, lambda: dist.broadcast_object_list(payload, src=0))
+            _collective(what, lambda: _dist().broadcast_object_list(payload, src=0))
             raise
-    _collective(what, lambda: dist.broadcast_object_list(payload, src=0))
+    _collective(what, lambda: _dist().broadcast_object_list(payload, src=0))
     status, value = payload[0]
     if status == "error":
         raise PeerFailed(value)
@@ -231,7 +235,7 @@ def gather(obj: T, what: str) -> list[T]:
     if not active():
         return [obj]
     parts: list[Any] = [None] * world_size()
-    _collective(what, lambda: dist.all_gather_object(parts, obj))
+    _collective(what, lambda: _dist().all_gather_object(parts, obj))
     return parts
 
 
@@ -349,7 +353,7 @@ def abort(exc: BaseException) -> None:
     _state.failed = True
     # The store may be gone with the rank that hosted it; then there is nothing to tell.
     with contextlib.suppress(Exception):
-        store = dist.distributed_c10d._get_default_store()
+        store = _dist().distributed_c10d._get_default_store()
         store.set_timeout(timedelta(seconds=5))
         store.compare_set(_FAILED, "", f"rank {rank()}/{world_size()} failed")
 
@@ -376,7 +380,7 @@ def _failure_note() -> str | None:
 
 
 def _store_call(what: str, call: Callable[[Any], T]) -> T:
-    return _collective(what, lambda: call(dist.distributed_c10d._get_default_store()))
+    return _collective(what, lambda: call(_dist().distributed_c10d._get_default_store()))
 
 
 def _collective(what: str, call: Callable[[], T]) -> T:
@@ -402,7 +406,7 @@ def _collective(what: str, call: Callable[[], T]) -> T:
 
 
 def _failure_note_quick() -> str | None:
-    store = dist.distributed_c10d._get_default_store()
+    store = _dist().distributed_c10d._get_default_store()
     store.set_timeout(timedelta(seconds=5))
     return store.get(_FAILED).decode() if store.check([_FAILED]) else None
 
@@ -412,8 +416,15 @@ def _first_line(exc: BaseException) -> str:
     return (text or type(exc).__name__)[:200]
 
 
+def _dist() -> Any:
+    """``torch.distributed``, imported on first use (see the module docstring)."""
+    import torch.distributed as dist
+
+    return dist
+
+
 def _shutdown() -> None:
     """At exit after success: leave the group cleanly (after a failure, just exit)."""
-    if active() and not _state.failed and dist.is_initialized():
+    if active() and not _state.failed and _dist().is_initialized():
         with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+            _dist().destroy_process_group()

@@ -9,7 +9,11 @@ signals, and it stays until the process exits. What it does depends on where the
   callbacks) aborts the process from C++ (``terminate called after throwing …``, signal 6), so
   nothing may be raised there. A signal that came during the imports is honoured when they end
   (one line, exit ``128 + N``); one that came while the arguments were parsed, as the command
-  starts (:func:`command`).
+  starts (:func:`command`). The CLI starts without torch: a command imports it once its
+  options are checked, and that import is start-up again (:func:`install` puts
+  :func:`uninterrupted` around the first import of each module of :data:`GUARDED`): a signal
+  in it is raised as it ends, and a failure (a broken install, a memory cap) is the start-up's
+  one line, ``cannot start jbkv: …``.
 - **the command** (:func:`command`): it raises :class:`Interrupted`, a ``KeyboardInterrupt``
   carrying the signal, so SIGTERM and SIGHUP unwind exactly like Ctrl-C: progress displays stop
   drawing at once (:func:`on_interrupt`), every atomic write in progress removes its temp file
@@ -27,7 +31,8 @@ SIGINT) stays ignored.
 
 Test seam (deterministic signal tests, no sleeps): with ``JBKV_TEST_PAUSE=POINT[:GLOB]`` and
 ``JBKV_TEST_PAUSE_FILE=PATH``, the first time the process reaches ``POINT`` (``start-up``: before
-the imports; ``imported``: after them; ``command``: as the command starts; ``writing``: an
+the imports; ``imported``: after them; ``command``: as the command starts; ``importing``: as a
+command imports torch (:func:`uninterrupted`); ``writing``: an
 atomic write's temp file exists, ``GLOB`` matching the target's name) it writes the point's name
 to ``PATH`` (``PATH.rankR`` inside a torchrun job) and waits there until a signal arrives.
 """
@@ -37,13 +42,21 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fnmatch
+import importlib.abc
+import importlib.machinery
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
+
+from jbkv_cli.utils.errors import JbkvError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# the extension modules the CLI imported at start-up before it imported them in the commands;
+# an interrupt inside torch's import aborts the process from C++
+GUARDED = ("torch", "numpy", "av")
 PAUSE_ENV = "JBKV_TEST_PAUSE"
 PAUSE_FILE_ENV = "JBKV_TEST_PAUSE_FILE"
 PAUSE_LIMIT_S = 900.0  # a test seam: the test signals at once; only a hang guard
@@ -94,11 +107,14 @@ def on_interrupt(hook: Callable[[], None]) -> None:
 
 
 def install() -> None:
-    """Put the handler on SIGINT, SIGTERM and SIGHUP (main thread; inherited SIG_IGN kept)."""
+    """Put the handler on SIGINT, SIGTERM and SIGHUP (main thread; inherited SIG_IGN kept), and
+    :func:`uninterrupted` around the first import of each module of :data:`GUARDED`."""
     for signum in SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _handle)
     atexit.register(_ignore_after_exit_handlers)  # registered first, so it runs last
+    if _guard not in sys.meta_path:
+        sys.meta_path.insert(0, _guard)
 
 
 def _ignore_after_exit_handlers() -> None:
@@ -168,6 +184,76 @@ def command() -> Iterator[None]:
     finally:
         if state.mode == "command":
             state.mode = "start-up"  # until finished(): the CLI is mapping the outcome
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """During the command, a block in which a signal is only remembered, as at start-up (an
+    import that must not be interrupted); one that came is raised as :class:`Interrupted` as the
+    block ends, or dropped if the block failed (the failure is the outcome, as in
+    :func:`finished`). Elsewhere a no-op."""
+    state = _state
+    if state.mode != "command":
+        yield
+        return
+    state.mode = "start-up"
+    try:
+        test_point("importing")
+        yield
+    finally:
+        if state.mode == "start-up":
+            state.mode = "command"
+        signum, state.pending = state.pending, None
+    if signum is not None:
+        state.raised = signum
+        for hook in _on_interrupt:
+            with contextlib.suppress(Exception):
+                hook()
+        raise Interrupted(signum)
+
+
+class StartUpFailed(JbkvError):
+    """A module of :data:`GUARDED` failed to import during a command (exit 1, one line)."""
+
+
+class _Uninterrupted(importlib.abc.Loader):
+    """A module's loader, running the module inside :func:`uninterrupted`; its failure is
+    :class:`StartUpFailed` (``JBKV_DEBUG=1``: the failure itself, for the traceback)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        with uninterrupted():
+            try:
+                self.loader.exec_module(module)
+            except StartUpFailed:  # a guarded module inside this one: said once
+                raise
+            except Exception as exc:
+                if os.environ.get("JBKV_DEBUG"):
+                    raise
+                raise StartUpFailed(f"cannot start jbkv: {one_line(exc)}") from exc
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, … for tracebacks
+        return getattr(self.loader, name)
+
+
+class _Guard(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; hands each module of :data:`GUARDED` an uninterrupted loader."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in GUARDED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Uninterrupted(spec.loader)
+        return spec
+
+
+_guard = _Guard()
 
 
 def finished(code: int) -> None:

@@ -102,18 +102,26 @@ def _reader_gone_at_once(args: tuple, cwd: Path) -> tuple[int, str]:
     return proc.wait(timeout=900), err
 
 
-def test_a_reader_that_leaves_early_is_not_a_failure(tmp_path):
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    """A finished ``generate`` run (the reference, seed 0), which the report tests read
+    (without --plots or --score: nothing is written into it)."""
+    cwd = tmp_path_factory.mktemp("small-run")
+    made = run("generate", "--seeds", "0", *TINY, "--out", "r", cwd=cwd)
+    assert made.returncode == 0, made.stderr
+    return cwd / "r"
+
+
+def test_a_reader_that_leaves_early_is_not_a_failure(small_run, tmp_path):
     """``jbkv --help | head``: exit 0 and nothing on stderr. Rich's help screens and tables
     exited 1 on the broken pipe, and ``report --format json`` (click's echo) printed
     ``error: BrokenPipeError``."""
-    made = run("generate", "--bits", "2", "--seeds", "0", *TINY, "--out", "o", cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
     cases = [
         ("--help",),
         ("llm-prefill", "--help"),
         ("--version",),
-        ("report", "o", "--format", "json"),
-        ("report", "o", "--format", "table"),
+        ("report", small_run, "--format", "json"),
+        ("report", small_run, "--format", "table"),
     ]
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: _reader_gone_at_once(c, tmp_path), cases))
@@ -232,7 +240,8 @@ def interrupt_at(
     return proc.returncode, out, err
 
 
-POINTS = ("start-up", "imported", "command")  # importing; imports done; the command starting
+# importing the CLI; its imports done; the command starting; the command importing torch
+POINTS = ("start-up", "imported", "command", "importing")
 DEMO = ["attention-demo", "--cached", "8", "--current", "4"]
 
 
@@ -256,11 +265,11 @@ def _signals_at_every_point(tmp_path: Path, signums: list[int]) -> None:
 
 
 def test_ctrl_c_during_start_up_is_one_line_exit_130(tmp_path):
-    """SIGINT while the imports run (torch's among them: an interrupt raised inside it aborted
-    the process from C++, so the handler only notes it then), right after them, and as the
-    command starts: one line, exit 130, never a traceback. One handler is in place from the
-    start to the exit, so there is no moment without it (the old handler was restored between
-    the imports and the command)."""
+    """SIGINT while the CLI's imports run, right after them, as the command starts and while
+    the command imports torch (an interrupt raised inside torch's import aborted the process
+    from C++, so the handler only notes it then): one line, exit 130, never a traceback. One
+    handler is in place from the start to the exit, so there is no moment without it (the old
+    handler was restored between the imports and the command)."""
     _signals_at_every_point(tmp_path, [signal.SIGINT])
 
 
@@ -308,7 +317,8 @@ def test_an_interrupted_conversion_leaves_no_temp_file(tmp_path, signum):
 
 def test_start_up_under_a_memory_cap_is_one_line_exit_1(tmp_path):
     """``ulimit -v`` too low for torch's libraries: importing them fails (ImportError: failed
-    to map segment) anywhere from about 50 MB to 2.9 GB of address space here. (Around 3 GB
+    to map segment) anywhere from about 50 MB to 2.9 GB of address space here; the command
+    imports torch, and says so as start-up did (:class:`jbkv_cli.utils.lifecycle.StartUpFailed`). (Around 3 GB
     some caps end in C instead: std::bad_alloc aborts (rc 134), libgomp or OpenBLAS exit by
     themselves; nothing in Python can catch those.)"""
     import resource
@@ -327,6 +337,29 @@ def test_start_up_under_a_memory_cap_is_one_line_exit_1(tmp_path):
         assert "ulimit -v" in lines[0] and len(lines[0]) < 400, lines[0]
 
 
+def test_a_failing_import_of_the_cli_itself_is_one_line_exit_1(tmp_path):
+    """The CLI starts without torch, so a memory cap now fails torch's import in the command
+    (above); a failure in the CLI's own imports (here ``rich``'s, failed by a hook as a cap
+    fails a library) is the same line, from the entry point."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import sys\n\n\n"
+        "class Fail:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'rich':\n"
+        "            raise ImportError('librich.so: failed to map segment from shared object')\n\n\n"
+        "sys.meta_path.insert(0, Fail())\n"
+    )
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH", "")) if p)
+    r = run_jbkv(*DEMO, cwd=tmp_path, env={"PYTHONPATH": path})
+    assert r.returncode == 1, (r.returncode, r.stderr[-500:])
+    assert r.stderr == (
+        "error: cannot start jbkv: ImportError: librich.so: failed to map segment from shared "
+        "object (out of memory: is a memory limit such as `ulimit -v` too low?)\n"
+    )
+
+
 def test_weights_that_are_not_regular_files_are_named_as_such(tmp_path):
     """A --weights symlink to /dev/zero, a FIFO or a directory: said what it is (reading would
     never end, or block), not "weights not found … train them"; nothing is created."""
@@ -343,15 +376,13 @@ def test_weights_that_are_not_regular_files_are_named_as_such(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_report_under_torchrun_prints_on_rank_0_only(tmp_path):
+def test_report_under_torchrun_prints_on_rank_0_only(small_run, tmp_path):
     """``torchrun --nproc-per-node 2 -m jbkv_cli report RUN``: the table once, from rank 0
     (the environment torchrun sets is enough; ``report`` joins no process group)."""
-    made = run("generate", "--seeds", "0", *TINY, "--out", "r", cwd=tmp_path)
-    assert made.returncode == 0, made.stderr
     by_rank = []
     for rank in (0, 1):
         env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank)}
-        r = run_jbkv("report", "r", cwd=tmp_path, env={"COLUMNS": "120", **env})
+        r = run_jbkv("report", small_run, cwd=tmp_path, env={"COLUMNS": "120", **env})
         assert r.returncode == 0, (rank, r.stderr)
         by_rank.append(r)
     assert by_rank[0].stdout.count("variant") == 1, by_rank[0].stdout  # the table, once

@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from jbkv_cli.run.directory import MAX_PROMPT_BYTES
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +39,22 @@ def run(
 
 
 def run_all(cases: list[tuple], cwd: Path) -> list[subprocess.CompletedProcess]:
-    """Each case ``(args, code, needles[, env])`` run concurrently in ``cwd``."""
-
-    def one(case: tuple) -> subprocess.CompletedProcess:
-        return run(*case[0], cwd=cwd, env=case[3] if len(case) > 3 else None)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(one, cases))
+    """Each case ``(args, code, needles[, env])`` run in ``cwd``: in this process
+    (``tests/installed.py``'s ``run_in_process``), the first case and those with an environment
+    of their own through the installed ``jbkv``, which must answer the same."""
+    done = []
+    for i, case in enumerate(cases):
+        env = case[3] if len(case) > 3 else None
+        if env is not None:
+            done.append(run(*case[0], cwd=cwd, env=env))
+            continue
+        here = run_in_process(*case[0], cwd=cwd, columns=120)
+        if i == 0:
+            there = run(*case[0], cwd=cwd)
+            same = (there.returncode, there.stdout, there.stderr)
+            assert same == (here.returncode, here.stdout, here.stderr), case[0]
+        done.append(here)
+    return done
 
 
 def check_refusals(cases: list[tuple], work: Path) -> None:

@@ -27,7 +27,7 @@ from jbkv_cli.models.wan.self_forcing.components import _BASE_REQUIRED as BASE_R
 from jbkv_cli.models.wan.self_forcing.components import BASE_DIR
 from jbkv_cli.prune.profile import default_profile_path
 from jbkv_cli.utils.errors import UsageError
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 from tests.models.test_input_paths import fill_layout
 from tests.models.wan.matrix_game.conftest import write_inputs
 
@@ -251,8 +251,10 @@ def test_no_output_overwrites_what_its_command_reads(tmp_path):
     ]
     env = {"JBKV_SELF_FORCING_DIR": str(r["sf"]), "OMP_NUM_THREADS": "1"}
     before = _snapshot(tmp_path)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda c: run_jbkv(*c[0], cwd=tmp_path, env=env), cases))
+    # in this process, the first case also through the installed jbkv, which must answer the same
+    results = [run_in_process(*c[0], cwd=tmp_path, env=env) for c in cases]
+    installed = run_jbkv(*cases[0][0], cwd=tmp_path, env=env)
+    assert (installed.returncode, installed.stderr) == (results[0].returncode, results[0].stderr)
     failed = []
     for (args, needle), proc in zip(cases, results, strict=True):
         lines = proc.stderr.splitlines()

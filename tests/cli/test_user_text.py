@@ -196,7 +196,7 @@ def test_the_report_is_written_before_anything_is_printed(tmp_path, monkeypatch)
         raise RuntimeError("printing failed")
 
     monkeypatch.setattr(experiment_cmd, "_summary_line", fail)
-    monkeypatch.setattr(experiment_cmd, "print_table", fail)
+    monkeypatch.setattr("jbkv_cli.report.table.print_table", fail)  # imported when printing
     out = tmp_path / "run"
     args = [*TINY_EVAL, "--out", str(out), "--json", str(tmp_path / "r.json")]
     result = CliRunner().invoke(app, args)

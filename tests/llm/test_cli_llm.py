@@ -62,6 +62,19 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.fixture(scope="module")
+def llama_run(assets, tmp_path_factory) -> Path:
+    """A finished run on the tiny Llama (SMALL, one process on the CPU, no plots): what the
+    report, the gate and the two-rank comparison read (none of them writes into it)."""
+    cwd = tmp_path_factory.mktemp("llama-run")
+    made = jbkv(
+        "llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL,
+        "--no-plots", "--device", "cpu", "--out", cwd / "run", cwd=cwd,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return cwd / "run"
+
+
 def test_end_to_end_resume_and_refusal(assets, tmp_path):
     run = tmp_path / "run"
     args = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
@@ -106,13 +119,8 @@ def test_runs_on_mistral_and_qwen2(assets, tmp_path, arch):
     assert len(list((tmp_path / "run").glob("variants/*/c*.json"))) == JOBS * VARIANTS
 
 
-def test_report_and_gate(assets, tmp_path):
-    run = tmp_path / "run"
-    made = jbkv(
-        "llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL,
-        "--out", run, "--no-plots", cwd=tmp_path,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
+def test_report_and_gate(llama_run, tmp_path):
+    run = llama_run
     shown = jbkv("report", run, "--format", "json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
@@ -172,11 +180,9 @@ def test_longbench_pro_not_fetched_says_how(assets, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_two_ranks_give_the_records_of_one_process(assets, tmp_path):
+def test_two_ranks_give_the_records_of_one_process(assets, llama_run, tmp_path):
     base = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
-    base += ["--no-plots", "--device", "cpu"]
-    one = jbkv(*base, "--out", tmp_path / "one", cwd=tmp_path)
-    assert one.returncode == 0, one.stderr
+    base += ["--no-plots", "--device", "cpu"]  # llama_run's options
     two = subprocess.run(
         [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, base),
          "--out", str(tmp_path / "two")],
@@ -186,9 +192,9 @@ def test_two_ranks_give_the_records_of_one_process(assets, tmp_path):
     assert two.returncode == 0, two.stderr
     assert "per rank: 12, 12" in two.stderr
     ranks = set()
-    for path in sorted((tmp_path / "one").glob("variants/*/c*.json")):
+    for path in sorted(llama_run.glob("variants/*/c*.json")):
         a = json.loads(path.read_text())
-        b = json.loads((tmp_path / "two" / path.relative_to(tmp_path / "one")).read_text())
+        b = json.loads((tmp_path / "two" / path.relative_to(llama_run)).read_text())
         ranks.add(b["rank"])
         assert a["nll"] == b["nll"] and a["kv_cache_bytes"] == b["kv_cache_bytes"]
     assert ranks == {0, 1}

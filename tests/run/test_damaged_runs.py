@@ -34,7 +34,7 @@ from jbkv_cli.run import directory as runs_module
 from jbkv_cli.run.directory import RunDir
 from jbkv_cli.run.experiment import Scoring
 from jbkv_cli.utils.errors import JbkvError
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 
 pytestmark = pytest.mark.slow
 
@@ -253,15 +253,16 @@ def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, 
     path = _damaged_file(copied, which)
     _edit(path, **fields)
     formats = ("table", "json", "html") + (("csv", "md") if fields == DAMAGE[0][1] else ())
-    for fmt in formats:
-        r = _jbkv("report", copied, "--format", fmt, cwd=copied.parent)
+    for fmt in formats:  # the installed jbkv for the table, the same app in this process after
+        runner = _jbkv if fmt == "table" else run_in_process
+        r = runner("report", copied, "--format", fmt, cwd=copied.parent)
         assert r.returncode == 0, (fmt, r.stderr)
         assert "Traceback" not in r.stderr and "Error:" not in r.stderr, r.stderr
         damaged = [w for w in _messages(r.stderr, "warning") if str(path) in w]
         assert len(damaged) == 1 and needle in damaged[0], (fmt, r.stderr)
         expected = "not finished" if which == "record" else "scored again"
         assert expected in damaged[0]
-    table = _jbkv("report", copied, "--format", "json", cwd=copied.parent)
+    table = run_in_process("report", copied, "--format", "json", cwd=copied.parent)
     row = next(r for r in json.loads(table.stdout)["rows"] if r["variant"] == INT2)
     assert row["videos"] == (1 if which == "record" else 2)
     assert row["psnr"]["n"] == 1  # the damaged score, or the unfinished video's, is left out

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,11 +22,7 @@ from jbkv_cli.cli.groups import (
 from jbkv_cli.cli.options import choices, print_gate_outcome
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import CacheFlags, SweepFlags, profile_paths
-from jbkv_cli.kvcache.coverage import noop_reason
-from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.models.contract import PrunableModel, VideoModel, resolve_spec, resolve_specs
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
-from jbkv_cli.report.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.report.job import (
     FORMATS,
     LLM,
@@ -36,25 +32,16 @@ from jbkv_cli.report.job import (
     build_report,
     render,
 )
-from jbkv_cli.report.results import ResultRow
-from jbkv_cli.report.table import (
-    build_rows,
-    lpips_note,
-    print_table,
-    to_json,
-    to_markdown,
-)
-from jbkv_cli.run.directory import RunDir
-from jbkv_cli.run.experiment import (
-    Scoring,
-    fingerprint_inputs,
-    generate_all,
-    open_run,
-)
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
 from jbkv_cli.utils.errors import JbkvError, UsageError
+
+if TYPE_CHECKING:  # torch: the commands import the library once their options are checked
+    from jbkv_cli.kvcache.spec import KVSpec
+    from jbkv_cli.models.contract import VideoModel
+    from jbkv_cli.report.results import ResultRow
+    from jbkv_cli.run.directory import RunDir
 
 NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
 PlanOpt = Annotated[
@@ -86,6 +73,8 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
 
 
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
+    from jbkv_cli.models.contract import PrunableModel
+
     for pruner in dict.fromkeys(s.pruner for s in specs if s.pruner is not None):
         if not isinstance(model, PrunableModel):
             raise UsageError(f"{pruner.name} cannot prune model {model.name!r}: {NO_LAYOUT}")
@@ -161,6 +150,8 @@ def _geometry(settings: dict[str, Any]) -> tuple[int, int | None, int | None] | 
 def _warn_noops(model: VideoModel, specs: list[KVSpec]) -> None:
     """One stderr line per variant whose cache policy compresses nothing in this model's
     videos (:func:`~jbkv_cli.kvcache.coverage.noop_reason`), before anything is generated."""
+    from jbkv_cli.kvcache.coverage import noop_reason
+
     geometry = _geometry(model.settings)
     if geometry is None or not distributed.is_main():
         return
@@ -239,6 +230,10 @@ def generate(
     spec = cache.spec()
     opts = flags.options(model)
     items = inputs.items(model, opts)
+    from jbkv_cli.kvcache.spec import FULL_PRECISION
+    from jbkv_cli.models.contract import resolve_spec
+    from jbkv_cli.run.experiment import fingerprint_inputs, generate_all, open_run
+
     if plan:  # the variants' predicted GPU memory, nothing generated (docs/plan.md)
         specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
         _print_plans([model], specs, {model: opts}, {model: items})
@@ -321,6 +316,9 @@ def quantize_eval(
         check_output_file(
             json_path, "--json", runs=[out_dir / name for name in names], inputs=reads
         )
+    from jbkv_cli.models.contract import resolve_specs
+    from jbkv_cli.run.experiment import Scoring, fingerprint_inputs, generate_all, open_run
+
     distributed.setup(flags.device)
     files = {  # and every model's files, against its run folder
         name: fingerprint_inputs(out_dir / name, name, model_opts[name], [c for c, _ in items])
@@ -367,7 +365,9 @@ def _write_report(
     """Write RUN/report (results.json, table.md, the figures, index.html); return the report's
     data and the function that prints it (the table, the gains, the files written). Files
     first, so a failure while printing never loses what was computed."""
+    from jbkv_cli.report.comparisons import comparisons_markdown
     from jbkv_cli.report.html import write_html_report
+    from jbkv_cli.report.table import build_rows, to_json, to_markdown
 
     rows = build_rows(run)
     data = to_json(run, rows)
@@ -392,6 +392,8 @@ def _print_report(
     lpips_status: str | None,
 ) -> None:
     """What quantize-eval prints of a run's report (:func:`_write_report` wrote its files)."""
+    from jbkv_cli.report.table import lpips_note, print_table
+
     settings = run.manifest.get("settings", {})
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if not isinstance(v, dict | list))
     print_table(out, rows, f"{run.manifest.get('model')} · {shown}")
@@ -422,6 +424,8 @@ def _print_report(
 
 def print_comparisons(data: dict[str, Any]) -> None:
     """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`)."""
+    from jbkv_cli.report.comparisons import comparison_lines
+
     for line in comparison_lines(data):
         out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
 
@@ -494,6 +498,8 @@ def _print_built(built: Report) -> None:
 
         print_rows(built.run, built.rows)
     else:
+        from jbkv_cli.report.table import lpips_note, print_table
+
         print_table(out, built.rows, f"{built.run.manifest.get('model')} · {built.run.root}")
         note = lpips_note(built.rows)
         if note:

@@ -7,21 +7,20 @@ import io
 import json
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.table import Table
 
 from jbkv_cli.cli.outputs import check_output_file
-from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores, compare_dirs
-from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
-from jbkv_cli.metrics.perceptual import LpipsAlex, load_lpips
-from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
 from jbkv_cli.utils.errors import UsageError
+
+if TYPE_CHECKING:  # torch: imported once the options are checked
+    from jbkv_cli.metrics.fidelity import FidelityResult, VideoScores
+    from jbkv_cli.metrics.perceptual import LpipsAlex
 
 CSV_FIELDS = (
     "name",
@@ -70,6 +69,12 @@ def fidelity_command(
             check_output_file(path, flag, inputs=(ref, test))
     if json_path is not None and csv_path is not None and json_path.resolve() == csv_path.resolve():
         raise UsageError(f"--json and --csv name the same file {json_path}")
+    import torch
+
+    from jbkv_cli.metrics.fidelity import compare_dirs
+    from jbkv_cli.metrics.fidelity_stats import fidelity_statistics
+    from jbkv_cli.metrics.perceptual import load_lpips
+
     distributed.setup()  # under torchrun: each rank scores a share of the pairs
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lpips: bool | LpipsAlex = not no_lpips
@@ -130,6 +135,8 @@ def threshold_violations(
 
 def results_table(result: FidelityResult) -> Table:
     """Per-video rows plus a mean ± SE row."""
+    from jbkv_cli.metrics.psnr import PSNR_CAP_DB
+
     with_lpips = any(v.lpips is not None for v in result.videos)
     table = Table(title=plain(f"fidelity: {result.test_dir} vs {result.ref_dir}"))
     table.add_column("video")

@@ -10,10 +10,11 @@ length bin, example). This module parses the options into a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from jbkv_cli.cli.names import LLM_BACKENDS, LLM_DTYPES, method_names
 from jbkv_cli.cli.options import (
     CLI_CORRECTIONS,
     DeviceOpt,
@@ -23,29 +24,20 @@ from jbkv_cli.cli.options import (
     parse_list,
     parse_method_options,
 )
-from jbkv_cli.kvcache.spec import KVSpec
-from jbkv_cli.llm.job import (
-    BACKENDS,
-    DTYPES,
-    EMBEDDED_DEFAULTS,
-    MAX_EXAMPLES,
-    PAPER_DEFAULTS,
-    PrefillRequest,
-    PrefillResult,
-    prefill,
-)
-from jbkv_cli.quant.registry import METHODS, method_names
+from jbkv_cli.llm.defaults import EMBEDDED_DEFAULTS, MAX_EXAMPLES, PAPER_DEFAULTS
 from jbkv_cli.utils.console import err, out, plain
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import MAX_SEED
 
-Backend = choices("Backend", BACKENDS)
-Dtype = choices("Dtype", DTYPES)
+if TYPE_CHECKING:  # torch and transformers: the job imports them once the options are checked
+    from jbkv_cli.kvcache.spec import KVSpec
+    from jbkv_cli.llm.job import PrefillResult
+
+Backend = choices("Backend", LLM_BACKENDS)
+Dtype = choices("Dtype", LLM_DTYPES)
 
 
 def _specs(bits: str, quantizers: str, corrections: str, groups: str, options) -> list[KVSpec]:
-    from jbkv_cli.run.experiment import build_matrix
-
     bit_list = parse_list(bits, (2, 3, 4, 8), "bits", int)
     names = method_names()
     quant_list = (
@@ -54,6 +46,9 @@ def _specs(bits: str, quantizers: str, corrections: str, groups: str, options) -
     corr_list = parse_list(corrections, CLI_CORRECTIONS, "corrections")
     group_list = parse_group_sizes(groups)
     opts = parse_method_options(options, names)
+    from jbkv_cli.quant.registry import METHODS
+    from jbkv_cli.run.experiment import build_matrix
+
     try:
         specs = build_matrix(bit_list, quant_list, corr_list, group_list, options=opts)
     except ValueError as exc:
@@ -136,6 +131,8 @@ def llm_prefill(
     bin_list = None if bins is None else tuple(parse_bins(bins))
     chunk_list = None if chunk_sizes is None else tuple(parse_sizes(chunk_sizes))
     specs = tuple(_specs(bits, quantizers, corrections, group_sizes, method_option))
+    from jbkv_cli.llm.job import PrefillRequest, prefill
+
     request = PrefillRequest(
         specs=specs,
         model=model,

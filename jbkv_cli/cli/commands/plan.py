@@ -14,16 +14,16 @@ from jbkv_cli.cli.groups import Inputs, ModelFlags, check_model, model_errors, w
 from jbkv_cli.cli.options import parse_seeds
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import SweepFlags, profile_paths
-from jbkv_cli.kvcache.spec import KVSpec
-from jbkv_cli.models.cases import Case
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
-from jbkv_cli.plan.budget import Budget, parse_budgets
-from jbkv_cli.plan.job import PlanRequest
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain
 from jbkv_cli.utils.errors import UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch: the command imports the library once its options are checked
+    from jbkv_cli.kvcache.spec import KVSpec
+    from jbkv_cli.models.cases import Case
+    from jbkv_cli.plan.budget import Budget
+    from jbkv_cli.plan.job import PlanRequest
     from jbkv_cli.plan.run import ModelPlan
 
 
@@ -31,6 +31,8 @@ def _requests(
     names: list[str], sweep: SweepFlags, inputs: Inputs, flags: ModelFlags, budgets
 ) -> tuple[list[PlanRequest], list[Path]]:
     """Every model's request, each checked before anything runs, and the files they read."""
+    from jbkv_cli.plan.job import PlanRequest
+
     if flags.device is not None:
         raise UsageError("jbkv plan plans a CUDA device; leave out --device")
     keys = {o.partition("=")[0].strip().rpartition(".")[2] for o in flags.model_option or []}
@@ -83,6 +85,8 @@ def plan(
     its GPU dtype: nothing is allocated, no weight file is needed (docs/plan.md)."""
     chosen = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     names = list(MODELS) if "all" in chosen else chosen
+    from jbkv_cli.plan.budget import parse_budgets
+
     budgets = parse_budgets(gpu_memory) if gpu_memory is not None else []
     requests, reads = _requests(names, sweep, inputs, flags, budgets)
     if json_path is not None:
@@ -117,6 +121,8 @@ def command_requests(
     budgets: list[Budget],
 ) -> list[PlanRequest]:
     """The requests of ``generate``/``quantize-eval``'s own models, variants and first case."""
+    from jbkv_cli.plan.job import PlanRequest
+
     requests = []
     for name in names:
         opts = {k: v for k, v in options[name].items() if k != "device"}

@@ -11,31 +11,22 @@ import json
 import math
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
+from jbkv_cli.cli import names
 from jbkv_cli.cli.commands.experiment import NO_LAYOUT
 from jbkv_cli.cli.groups import Inputs, ModelFlags, check_model, load, model_paths, with_groups
 from jbkv_cli.cli.outputs import check_output_file
-from jbkv_cli.models.contract import PrunableModel
 from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
-from jbkv_cli.prune.profile import (
-    DEFAULT_ANCHOR_FRAMES,
-    DEFAULT_RULE,
-    LAST_FRAMES,
-    RULES,
-    SKIP_FRAMES,
-    THRESHOLDS,
-    FrameMassProbe,
-    Rule,
-    profile_document,
-    summarize,
-)
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out
 from jbkv_cli.utils.errors import JbkvError, UsageError, shown
+
+if TYPE_CHECKING:  # torch: imported once the options are checked
+    from jbkv_cli.prune.profile import Rule
 
 
 @with_groups
@@ -47,15 +38,15 @@ def profile_heads(
     rule: Annotated[
         str,
         typer.Option(
-            help=f"Classification: {' or '.join(RULES)} (upstream's head_profile.py; jbkv's "
-            "earlier rule, for forcing-kv-history)."
+            help=f"Classification: {' or '.join(names.PROFILE_RULES)} (upstream's "
+            "head_profile.py; jbkv's earlier rule, for forcing-kv-history)."
         ),
-    ] = DEFAULT_RULE,
+    ] = names.PROFILE_DEFAULT_RULE,
     threshold: Annotated[
         float | None,
         typer.Option(
             help="Static when the score is at least this (0..1; default: "
-            + ", ".join(f"{k} {v:g}" for k, v in THRESHOLDS.items())
+            + ", ".join(f"{k} {v:g}" for k, v in names.PROFILE_THRESHOLDS.items())
             + ")."
         ),
     ] = None,
@@ -64,7 +55,8 @@ def profile_heads(
         typer.Option(
             "--last-frames",
             min=1,
-            help=f"forcing-kv rule: key frames counted as local, the newest ({LAST_FRAMES}).",
+            help="forcing-kv rule: key frames counted as local, the newest "
+            f"({names.PROFILE_LAST_FRAMES}).",
         ),
     ] = None,
     skip_frames: Annotated[
@@ -72,7 +64,8 @@ def profile_heads(
         typer.Option(
             "--skip-frames",
             min=0,
-            help=f"forcing-kv rule: first key frames left out of the denominator ({SKIP_FRAMES}).",
+            help="forcing-kv rule: first key frames left out of the denominator "
+            f"({names.PROFILE_SKIP_FRAMES}).",
         ),
     ] = None,
     anchor_frames: Annotated[
@@ -81,7 +74,7 @@ def profile_heads(
             "--anchor-frames",
             min=1,
             help="local-mass rule: most recent cached frames counted as local "
-            f"({DEFAULT_ANCHOR_FRAMES}).",
+            f"({names.PROFILE_ANCHOR_FRAMES}).",
         ),
     ] = None,
     inputs: Inputs = Inputs(),
@@ -96,6 +89,9 @@ def profile_heads(
     items = inputs.items(model, options)  # --cases: image + actions models (matrix-game-2)
     reads = [*inputs.paths(model, items), *model_paths(model, options)]
     check_output_file(out_path, "--out", inputs=reads)  # not over a run, nor over an input
+    from jbkv_cli.models.contract import PrunableModel
+    from jbkv_cli.prune.profile import FrameMassProbe, profile_document, summarize
+
     m = load(model, options)
     if not isinstance(m, PrunableModel):
         raise UsageError(f"profile-heads cannot profile model {model!r}: {NO_LAYOUT}")
@@ -127,8 +123,10 @@ def _rule(
     anchor: int | None,
 ) -> Rule:
     """The :class:`Rule` the options ask for; a usage error for an option of the other rule."""
-    if name not in RULES:
-        raise UsageError(f"--rule must be one of {', '.join(RULES)}, got {shown(name)}")
+    if name not in names.PROFILE_RULES:
+        raise UsageError(
+            f"--rule must be one of {', '.join(names.PROFILE_RULES)}, got {shown(name)}"
+        )
     if threshold is not None and (not math.isfinite(threshold) or not 0.0 <= threshold <= 1.0):
         raise UsageError(f"--threshold must be in [0, 1], got {threshold}")
     other = {"--last-frames": last, "--skip-frames": skip}
@@ -137,6 +135,8 @@ def _rule(
     for flag, value in other.items():
         if value is not None:
             raise UsageError(f"{flag} does not go with --rule {name}")
+    from jbkv_cli.prune.profile import DEFAULT_ANCHOR_FRAMES, LAST_FRAMES, SKIP_FRAMES, Rule
+
     return Rule(
         name,
         threshold,

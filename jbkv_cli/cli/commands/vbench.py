@@ -15,7 +15,6 @@ from jbkv_cli.metrics.vbench_job import DEVICES, VBenchOutcome, VBenchRequest, r
 from jbkv_cli.metrics.vbench_run import MODES
 from jbkv_cli.metrics.vbench_scores import DIMENSIONS
 from jbkv_cli.metrics.vbench_weights import EXTRA_PACKAGES, weights_status
-from jbkv_cli.report.table import print_vbench_table, vbench_variants
 from jbkv_cli.utils.console import err, out, plain, visible, warn
 from jbkv_cli.utils.progress import Progress, counting_columns
 
@@ -174,6 +173,8 @@ def run_and_print(request: VBenchRequest) -> VBenchOutcome:
     finally:
         if tasks:
             progress.stop()
+    from jbkv_cli.report.table import print_vbench_table, vbench_variants
+
     print_vbench_table(out, list(vbench_variants(outcome.doc).items()))
     out.print(f"wrote {outcome.summary_path}")
     outcome.check()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from typer.testing import CliRunner
 
 from jbkv_cli.cli.app import app
 from jbkv_cli.prune import load_profile
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 
 PROMPT = "a red circle moves right on a dark background"
 SMALL = ["--prompt", PROMPT, "--seeds", "0", "--num-chunks", "3", "--steps", "1"]
@@ -244,17 +243,17 @@ def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):
 
 
 def test_usage_errors_exit_2_with_one_line_and_create_nothing(tmp_path):
-    """Through the installed ``jbkv`` (cases run concurrently: each start-up imports torch)."""
+    """In this process (``run_in_process``), the first case also through the installed ``jbkv``,
+    which must answer the same."""
     dirs = [tmp_path / str(i) for i in range(len(USAGE_ERRORS))]
     for d in dirs:
         d.mkdir()
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(
-            pool.map(
-                lambda c: _jbkv(*c[0][0], "--out", "o", cwd=c[1]),
-                zip(USAGE_ERRORS, dirs, strict=True),
-            )
-        )
+    results = [
+        run_in_process(*a, "--out", "o", cwd=d, columns=120)
+        for (a, _), d in zip(USAGE_ERRORS, dirs, strict=True)
+    ]
+    installed = _jbkv(*USAGE_ERRORS[0][0], "--out", "o", cwd=dirs[0])
+    assert (installed.returncode, installed.stderr) == (results[0].returncode, results[0].stderr)
     for (args, message), d, result in zip(USAGE_ERRORS, dirs, results, strict=True):
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)

@@ -1,0 +1,122 @@
+"""What the installed ``jbkv`` imports before it answers (``PYTHONPROFILEIMPORTTIME``).
+
+``jbkv --help``, every command's ``--help``, ``--version`` and a usage error that needs only the
+command line answer without torch (seconds of start-up) and without the library modules that
+import it: the command modules import those once the options are checked
+(:mod:`jbkv_cli.cli.names` holds what the help and the checks need). ``jbkv report`` rebuilds
+the run's variants (torch) but not the scoring stack or a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.installed import run_jbkv
+
+pytestmark = pytest.mark.slow
+
+# torch and what comes with it; the library modules that import it
+HEAVY = ("torch", "numpy", "av", "matplotlib", "transformers", "diffusers", "lpips")
+LIBRARY = ("quant", "kvcache", "attention", "prune", "metrics.fidelity", "run.experiment")
+
+
+def imported(*args: object, cwd: Path) -> tuple[set[str], list[str], int]:
+    """The modules ``jbkv ARGS`` imported, its stderr lines other than the import times, and
+    its exit code."""
+    r = run_jbkv(*args, cwd=cwd, env={"PYTHONPROFILEIMPORTTIME": "1", "COLUMNS": "120"})
+    modules, lines = set(), []
+    for line in r.stderr.splitlines():
+        if line.startswith("import time:"):
+            modules.add(line.rsplit("|", 1)[-1].strip())
+        else:
+            lines.append(line)
+    assert "jbkv_cli.cli.app" in modules, r.stderr[-2000:]  # the profile is on
+    return modules, lines, r.returncode
+
+
+def heavy_in(modules: set[str]) -> list[str]:
+    """The heavy packages and torch-importing jbkv modules among ``modules``."""
+    roots = {m.split(".")[0] for m in modules}
+    found = [m for m in HEAVY if m in roots]
+    return found + sorted(m for m in modules for lib in LIBRARY if m.startswith(f"jbkv_cli.{lib}"))
+
+
+def command_paths() -> list[list[str]]:
+    """Every command and sub-command of the app, as its words (``["vbench", "run"]``)."""
+    from typer.main import get_command
+
+    from jbkv_cli.cli.app import app
+
+    def walk(group, prefix: list[str]) -> list[list[str]]:
+        found = []
+        for name, command in sorted(group.commands.items()):
+            found.append([*prefix, name])
+            if hasattr(command, "commands"):
+                found += walk(command, [*prefix, name])
+        return found
+
+    return walk(get_command(app), [])
+
+
+def test_help_and_version_start_without_torch(tmp_path):
+    paths = command_paths()
+    assert ["generate"] in paths and ["vbench", "run"] in paths and ["weights", "fetch"] in paths
+    for args in (["--help"], ["--version"], *([*p, "--help"] for p in paths)):
+        modules, lines, code = imported(*args, cwd=tmp_path)
+        assert code == 0, (args, lines)
+        assert heavy_in(modules) == [], args
+
+
+USAGE_ERRORS = [
+    (["generate", "--steps", "0"], "--steps"),  # a range (click)
+    (["report", "run", "--format", "pdf"], "--format"),  # a choice (click)
+    (["generate", "--no-such-option"], "--no-such-option"),
+    (["generate", "-m", "no-such-model"], "unknown model"),
+    (["generate", "--quantizer", "no-such"], "--quantizer"),
+    (["generate", "--pruner", "no-such"], "--pruner"),
+    (["generate", "-b", "2", "--ablation", "no-such"], "--ablation"),
+    (["generate", "--correction", "no-such"], "--correction"),
+    (["quantize-eval", "--corrections", "no-such"], "--corrections"),
+    (["quantize-eval", "--quantizers", "rtn,no-such"], "--quantizers"),
+    (["quantize-eval", "--pruners", "no-such"], "--pruners"),
+    (["quantize-eval", "--group-sizes", "0"], "--group-sizes"),
+    (["llm-prefill", "--quantizers", "no-such"], "--quantizers"),
+    (["llm-prefill", "--backend", "no-such"], "--backend"),
+    (["profile-heads", "--out", "p.json", "--rule", "no-such"], "--rule"),
+    (["fidelity", "ref", "test", "--min-psnr", "nan"], "--min-psnr"),
+    (["vbench", "run", "videos", "--mode", "no-such"], "--mode"),
+]
+
+
+def test_usage_errors_from_the_command_line_alone_start_without_torch(tmp_path):
+    for args, needle in USAGE_ERRORS:
+        modules, lines, code = imported(*args, cwd=tmp_path)
+        assert code == 2, (args, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+        assert heavy_in(modules) == [], args
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_registries_names_reach_the_usage_errors(tmp_path):
+    """The names a refusal lists come from :mod:`jbkv_cli.cli.names` (no registry imported
+    here); tests/cli/test_names.py ties them to the registries."""
+    from jbkv_cli.cli import names
+
+    _, lines, _ = imported("quantize-eval", "--quantizers", "no-such", cwd=tmp_path)
+    assert lines[0].endswith(f"allowed {', '.join(names.METHODS)}"), lines
+    _, lines, _ = imported("quantize-eval", "--pruners", "no-such", cwd=tmp_path)
+    assert lines[0].endswith(f"allowed {', '.join(('none', *names.PRUNERS))}"), lines
+
+
+def test_report_imports_neither_a_model_nor_the_scoring_stack(tiny_run, tmp_path):
+    """``jbkv report`` reads the run's JSON: its variants are rebuilt (quant, kvcache: torch),
+    but no model, no video scoring (``run.experiment``, ``metrics.fidelity``, LPIPS) and, without
+    ``--plots``, no matplotlib."""
+    for fmt in ("table", "md", "json", "csv"):
+        modules, lines, code = imported("report", tiny_run, "--format", fmt, cwd=tmp_path)
+        assert code == 0, (fmt, lines)
+        unwanted = ("jbkv_cli.models.tiny", "jbkv_cli.run.experiment", "jbkv_cli.metrics.fidelity")
+        assert [m for m in unwanted if m in modules] == [], fmt
+        assert {"matplotlib", "lpips", "transformers"} & {m.split(".")[0] for m in modules} == set()
