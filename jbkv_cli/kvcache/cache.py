@@ -85,7 +85,6 @@ from jbkv_cli.quant.tensor import (
     signed_terms,
     zero_steps,
 )
-from jbkv_cli.utils.host_reads import maybe_any
 
 
 @dataclass
@@ -532,16 +531,23 @@ class ChunkKVCache:
         view.k = rotated(view.k)
         if view.k_ref is not None:
             view.k_ref = rotated(view.k_ref)
-        step = view.k_step
-        noisy = (
-            step is not None
-            and any(  # rotated keys with a nonzero step (else no noise; read on a CPU only)
-                p is not None and maybe_any(step[..., a:b, :])
-                for a, b, p in zip(bounds[:-1], bounds[1:], at, strict=True)
-            )
+        # rotated keys that carry a step, known from what each chunk stores (not from the
+        # steps' values, which only a CPU reads for free: 16-bit sinks record no rotation on
+        # every device)
+        noisy = view.k_step is not None and any(
+            p is not None and self._stepped(c) for c, p in zip(chunks, at, strict=True)
         )
         if noisy:
             view.key_rotation = self.rope.rotation(at, [c.length for c in chunks], view.k.shape[-1])
+
+    def _stepped(self, chunk: _Chunk) -> bool:
+        """Whether ``chunk``'s keys carry a quantization step: stored by a method (a part not
+        raw), or under the bias-only ablation a predicted step."""
+        if self.spec.bias_only:
+            return chunk.bias_step is not None
+        if chunk.pruned is not None:
+            return True
+        return any(not isinstance(p, RawTensor) for p in chunk.sides["key"].parts)
 
     def _assemble_pruned(self, chunks: list[_Chunk]) -> CachedKV:
         """The kept tokens at their positions, ``valid`` marking them (sinks: all), and

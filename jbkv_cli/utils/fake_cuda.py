@@ -14,8 +14,9 @@ scheduler's timesteps, a seeded CPU generator, a codebook) reads its values as i
 real machine, where such a read costs nothing. A copy between the host and the device (a
 tensor made on the CPU and moved, or a device tensor moved to the CPU) is not a read, but a
 blocking copy waits for the device as a read does: each one is recorded in ``transfers``
-(operation, the last two ``jbkv_cli`` frames) for the test to count per chunk. A CPU tensor
-with more than one element mixed into a device operation is an implicit copy and recorded too.
+(operation, the last two ``jbkv_cli`` frames that asked for it) for the test to count per
+chunk. A CPU tensor with more than one element mixed into a device operation is an implicit
+copy and recorded too.
 A device tensor copied to the host becomes a real CPU tensor of ones (its values are unknown;
 the host may read them, as it may after a real copy, which is what the count is for).
 """
@@ -52,13 +53,18 @@ def _device(x: Any) -> torch.device | None:
 
 
 def _sites() -> tuple[str, ...]:
+    """The last two ``jbkv_cli`` frames that asked for the copy (not this module's, nor
+    ``host_reads``'s helpers that make the copies they are asked for)."""
     frames = traceback.extract_stack()[:-3]
     inside = [
         f"{f.filename.split('jbkv_cli/')[-1]}:{f.lineno}"
         for f in frames
-        if "jbkv_cli" in f.filename
+        if "jbkv_cli" in f.filename and not f.filename.endswith(_HELPERS)
     ]
     return tuple(inside[-2:])
+
+
+_HELPERS = ("utils/fake_cuda.py", "utils/host_reads.py")
 
 
 class FakeCuda(TorchDispatchMode):

@@ -29,7 +29,8 @@ the CPU (a rotation's signs, a codebook, a table) are copied to a device once an
 (:func:`device_copy`, :func:`kept`): the first call on a device copies, the next ones reuse;
 constants made from a few integers (a RoPE pair's channel indices) are kept by that key
 (:func:`device_constant`); small values a loop computes on the host are kept by value
-(:func:`device_values`).
+(:func:`device_values`), those it knows before it starts (a sampler's whole schedule) copied
+together ahead (:func:`prefetch_values`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import contextlib
 import contextvars
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,12 +143,21 @@ def kept(key: tuple, make: Callable[[], Any], owner: torch.Tensor | None = None)
     return value
 
 
+def _indexed(device: torch.device | str) -> torch.device:
+    """``device`` as tensors on it name it (``cuda`` is ``cuda:0``, or the current device): the
+    key a kept copy is found by. No copy, no host read (an empty tensor names it)."""
+    device = torch.device(device)
+    if device.type == "cpu" or device.index is not None:
+        return device
+    return torch.empty(0, device=device).device
+
+
 def device_copy(
     t: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """``t.to(device, dtype)`` for a constant made on the CPU: on the CPU a plain conversion,
     elsewhere copied once per (tensor, device, dtype) and kept (module docstring)."""
-    device = torch.device(device)
+    device = _indexed(device)
     if device.type == "cpu" or t.device == device:
         return t.to(device=device, dtype=dtype)
     key = ("copy", id(t), str(device), dtype)
@@ -159,22 +169,45 @@ def device_constant(
 ) -> torch.Tensor:
     """``make()`` (a CPU tensor that depends only on ``key``, hashable values) on ``device``: on
     the CPU made at each call, elsewhere made and copied once per (``key``, device) and kept."""
-    device = torch.device(device)
+    device = _indexed(device)
     if device.type == "cpu":
         return make()
     return kept(("constant", *key, str(device)), lambda: make().to(device))
 
 
+def _values_key(t: torch.Tensor, device: torch.device) -> tuple:
+    raw = t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
+    return ("values", t.dtype, tuple(t.shape), raw, str(device))
+
+
 def device_values(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """A small tensor the host computed (a schedule's timesteps, step sizes), on ``device``: on
     the CPU itself, elsewhere copied once per distinct value and kept (a loop that repeats its
-    values, as a sampler's steady state does, copies nothing more)."""
-    device = torch.device(device)
+    values, as a sampler's steady state does, copies nothing more; the values of a pipeline's
+    fill and drain, which it does not repeat, are copied ahead by :func:`prefetch_values`)."""
+    device = _indexed(device)
     if device.type == "cpu":
         return t
-    raw = t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()
-    key = ("values", t.dtype, tuple(t.shape), raw, str(device))
-    return kept(key, lambda: t.to(device))
+    return kept(_values_key(t, device), lambda: t.to(device))
+
+
+def prefetch_values(values: Iterable[torch.Tensor], device: torch.device | str) -> None:
+    """Copy small host tensors that a loop will hand to :func:`device_values` (a sampler's
+    whole schedule, known before its first step) to ``device`` ahead, in one copy per dtype, so
+    that those calls copy nothing. Nothing on the CPU."""
+    device = _indexed(device)
+    if device.type == "cpu":
+        return
+    todo = {_values_key(t, device): t.detach() for t in values}
+    todo = {key: t for key, t in todo.items() if key not in _KEPT}
+    for dtype in dict.fromkeys(t.dtype for t in todo.values()):
+        group = [(key, t) for key, t in todo.items() if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for _, t in group]).to(device)
+        start = 0
+        for key, t in group:
+            piece = flat[start : start + t.numel()].view(t.shape)
+            kept(key, lambda piece=piece: piece)
+            start += t.numel()
 
 
 def forget_kept() -> None:

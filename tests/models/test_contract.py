@@ -161,6 +161,9 @@ def test_the_adapter_states_the_required_members(name, model):
     assert isinstance(model, VideoModel) and isinstance(model, VideoModelBase)
     assert model.name == name
     assert json.loads(json.dumps(model.settings)) == model.settings
+    # what `jbkv generate` checks a method against (it fits the head dim, pruning can drop
+    # its tokens): a model that does not say would run a variant that fails mid-run
+    assert isinstance(model.settings.get("head_dim"), int), model.settings
     assert isinstance(model.pre_rope, bool) and isinstance(model.profiles_cases, bool)
 
 

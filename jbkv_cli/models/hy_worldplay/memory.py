@@ -46,32 +46,45 @@ def text_spec(kv: KVSpec, quantize_text: bool) -> KVSpec:
 
 def combine(views: list[CachedKV | None]) -> CachedKV | None:
     """One cached segment from consecutive ones (text, then memory): keys, values, steps
-    (zeros where a segment has none), rotation and the full-precision copies when every
-    segment has them."""
+    (zeros where a segment has none), the signed correction's terms (``k_step2`` zeros and
+    ``k_unshrink`` ones where a segment has no step; None when a segment with a step has
+    none), whether every step is an FP8 value by format, rotation and the full-precision
+    copies when every segment has them."""
     views = [v for v in views if v is not None and v.num_tokens]
     if len(views) <= 1:
         return views[0] if views else None
     k = torch.cat([v.k for v in views], dim=-2)
     val = torch.cat([v.v for v in views], dim=-2)
-    known = [v.k_step for v in views if v.k_step is not None]
+    stepped = [v for v in views if v.k_step is not None]
     step = None
-    if known:
-        groups, dtype = known[0].shape[-1], known[0].dtype
-        step = torch.cat(
-            [
-                v.k_step
-                if v.k_step is not None
-                else torch.zeros((*v.k.shape[:-1], groups), dtype=dtype, device=v.k.device)
-                for v in views
-            ],
-            dim=-2,
-        )
+    if stepped:
+        groups = stepped[0].k_step.shape[-1]
+        step = _joined(views, lambda v: v.k_step, 0.0, groups)
     rotation = next((v.rotation for v in views if v.rotation is not None), None)
-    out = CachedKV(k, val, step, rotation)
+    out = CachedKV(k, val, step, rotation, steps_fp8=all(v.steps_fp8 for v in stepped))
+    if stepped and all(v.k_step2 is not None for v in stepped):
+        out.k_step2 = _joined(views, lambda v: v.k_step2, 0.0, groups)
+        if any(v.k_unshrink is not None for v in stepped):
+            out.k_unshrink = _joined(views, lambda v: v.k_unshrink, 1.0, 1)
     if all(v.k_ref is not None for v in views):
         out.k_ref = torch.cat([v.k_ref for v in views], dim=-2)
         out.v_ref = torch.cat([v.v_ref for v in views], dim=-2)
     return out
+
+
+def _joined(views: list[CachedKV], part, fill: float, width: int) -> torch.Tensor:
+    """``part(view)`` ``[..., L, width]`` of each view concatenated over tokens, ``fill``
+    where a view has none (an exact segment: no step, no noise, no unshrinking)."""
+    known = next(p for v in views if (p := part(v)) is not None)
+    return torch.cat(
+        [
+            p
+            if (p := part(v)) is not None
+            else torch.full((*v.k.shape[:-1], width), fill, dtype=known.dtype, device=v.k.device)
+            for v in views
+        ],
+        dim=-2,
+    )
 
 
 class WorldPlayCache:

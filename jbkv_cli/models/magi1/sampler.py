@@ -29,7 +29,7 @@ from jbkv_cli.models.magi1.schedule import (
     init_interval,
     init_t,
 )
-from jbkv_cli.utils.host_reads import device_values
+from jbkv_cli.utils.host_reads import device_values, prefetch_values
 
 
 @dataclass
@@ -84,6 +84,18 @@ class Sampler:
         self.ts = init_t(sched.num_steps, sched.shift, sched.shortcut_mode)
         self.intervals = init_interval(sched.num_steps, sched.shortcut_mode)
 
+    def _times(self, plan: ForwardPlan) -> torch.Tensor:
+        """The times of the plan's chunks (float32, on the host), the refresh chunk's
+        ``clean_t`` first when it has one."""
+        t_den = self.ts[list(plan.t_index)].to(torch.float32)
+        if not plan.refresh:
+            return t_den
+        return torch.cat([torch.tensor([self.sched.clean_t]), t_den])
+
+    def _steps(self, plan: ForwardPlan) -> torch.Tensor:
+        """The Euler step ``t_{i+1} − t_i`` of each of the plan's denoising chunks (host)."""
+        return self.ts[[i + 1 for i in plan.t_index]] - self.ts[list(plan.t_index)]
+
     def _dt(self, plan: ForwardPlan) -> float | None:
         if not self.dit.cfg.distill:
             return None
@@ -98,10 +110,10 @@ class Sampler:
         c0, c1 = plan.chunk_start, plan.chunk_end
         chunks = list(range(c0, c1))
         xs = x[:, :, (plan.slice_point) * cw : c1 * cw]
-        t_den = self.ts[list(plan.t_index)].to(torch.float32)
-        t = torch.cat([torch.tensor([sched.clean_t]), t_den]) if plan.refresh else t_den
-        t_host, t = t, device_values(t[None], x.device)  # read on the host, copied once
+        t_host = self._times(plan)
+        t = device_values(t_host[None], x.device)  # read on the host, copied once
         n_ref = int(plan.refresh)
+        t_den = t_host[n_ref:]
         common = dict(slice_point=plan.slice_point, caches=caches, attend=self.attend)
         common["distill_dt"] = self._dt(plan)
 
@@ -188,14 +200,16 @@ class Sampler:
         sched, cw = self.sched, self.sched.chunk_width
         x = noise.float().clone()
         counts = [0] * (x.shape[2] // cw)
+        # the pipeline's fill and drain take times its steady state does not repeat: every
+        # plan's are copied to the device together, before the first forward
+        prefetch_values([self._times(p)[None] for p in plans], x.device)
+        prefetch_values([self._steps(p) for p in plans], x.device)
         for plan in plans:
             if on_plan is not None:
                 on_plan(plan)
             v = self.velocity(x, plan, text, caches)
             c0, c1 = plan.chunk_start, plan.chunk_end
-            t0 = self.ts[list(plan.t_index)]
-            t1 = self.ts[[i + 1 for i in plan.t_index]]
-            dt = device_values(t1 - t0, x.device).repeat_interleave(cw)
+            dt = device_values(self._steps(plan), x.device).repeat_interleave(cw)
             x[:, :, c0 * cw : c1 * cw] += v * dt[None, None, :, None, None]
             for c in range(c0, c1):
                 counts[c] += 1

@@ -166,6 +166,7 @@ class MatrixGame2(VideoModelBase):
             "clean_context": CLEAN_CONTEXT,
             "action_blocks": list(preset.dit.action.blocks),
             "tokens_per_chunk": self.frame_tokens * s.commit_frames,
+            "head_dim": preset.dit.head_dim,
         }
 
     @property

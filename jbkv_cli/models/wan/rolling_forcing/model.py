@@ -80,9 +80,10 @@ from jbkv_cli.models.wan.self_forcing.components import (
     weight_files,
 )
 from jbkv_cli.models.wan.self_forcing.schedule import renoise, to_x0
+from jbkv_cli.models.wan.self_forcing.upstream import time_sinusoid
 from jbkv_cli.utils.errors import UsageError, shown
 from jbkv_cli.utils.fields import parse_options
-from jbkv_cli.utils.host_reads import device_values
+from jbkv_cli.utils.host_reads import device_values, prefetch_values
 
 NAME = "rolling-forcing"
 CLEAN_CONTEXT = (
@@ -173,6 +174,15 @@ class RollingForcing(sf.SelfForcing):
             return whole
         return replace(wan_key_rope(self.components.transformer, latents), sinks_only=True)
 
+    def host_times(self, times: list[float]) -> torch.Tensor:
+        """What :meth:`flow_frames` copies to the device for ``times`` (once per distinct
+        value, :func:`~jbkv_cli.utils.host_reads.device_values`): the per-frame timesteps, or
+        under upstream's casting their sinusoidal embedding."""
+        t = torch.tensor(times, dtype=torch.float32)
+        if self.precision.upstream:
+            return time_sinusoid(self.components.transformer, t[None])
+        return t
+
     def flow_frames(self, x: torch.Tensor, times: list[float], text: torch.Tensor) -> torch.Tensor:
         """The flow ``v`` of a window ``x`` ``[1, C, F, h, w]`` whose frame ``f`` is at
         timestep ``times[f]`` (per-token timesteps: frames are the outer token axis; under
@@ -180,7 +190,7 @@ class RollingForcing(sf.SelfForcing):
         if self.precision.upstream:
             return self.upstream_flow(x, times, text)
         transformer = self.components.transformer
-        per_frame = device_values(torch.tensor(times, dtype=torch.float32), x.device)
+        per_frame = device_values(self.host_times(times), x.device)
         timestep = per_frame.repeat_interleave(self.head_layout()["frame_tokens"])[None]
         out = transformer(
             hidden_states=x.to(transformer.dtype),
@@ -223,13 +233,22 @@ class RollingForcing(sf.SelfForcing):
         plan_ = plan.windows(s.num_chunks, len(schedule))
         transformer = self.components.transformer
         noise = self.draws(generator, s.num_chunks * len(schedule))  # a block's, each renoise's
+        times_of = {
+            w.index: [schedule.timesteps[w.step(b)] for b in w.blocks for _ in range(k)]
+            for w in plan_
+        }
+        # the windows that fill and drain the rolling window take timesteps no other window
+        # repeats: every window's (and the clean pass's t = 0) are copied to the device
+        # together, before the first forward
+        clean = [0.0] * k
+        prefetch_values([self.host_times(t) for t in (*times_of.values(), clean)], s.device)
         with torch.no_grad(), cached_self_attention(transformer, context):
             for window in plan_:
                 if window.index < s.num_chunks:
                     noisy[window.index] = next(noise)
                 blocks = list(window.blocks)
                 x = torch.cat([noisy[b] for b in blocks], dim=2)
-                times = [schedule.timesteps[window.step(b)] for b in blocks for _ in range(k)]
+                times = times_of[window.index]
                 read = plan.window_read(window, k)
                 context.reads = {} if read is None else {"last": read[0], "positions": {0: read[1]}}
                 context.frame_offset = window.start * k

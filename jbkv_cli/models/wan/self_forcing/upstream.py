@@ -104,6 +104,13 @@ def block_forward(block: Any, x, e0, context, rotary, frames: int) -> torch.Tens
     return x + _gated(y, e[5], frames)
 
 
+def time_sinusoid(transformer: Any, timesteps: torch.Tensor) -> torch.Tensor:
+    """The sinusoidal embedding of ``timesteps`` ``[B, F]`` as :func:`upstream_forward` makes
+    it: on the host, in float64, cast to the tokens' dtype (the patch embedding's)."""
+    dtype = transformer.patch_embedding.weight.dtype
+    return sinusoidal(transformer.config.freq_dim, timesteps.flatten().cpu()).to(dtype)
+
+
 def upstream_forward(
     transformer: Any, x: torch.Tensor, timesteps: torch.Tensor, text: torch.Tensor
 ) -> torch.Tensor:
@@ -119,8 +126,7 @@ def upstream_forward(
     embed = transformer.condition_embedder
     # on the host, as upstream computes it; the same timesteps give the same embedding, copied
     # to the device once (host_reads.device_values)
-    sin = sinusoidal(cfg.freq_dim, timesteps.flatten().cpu()).to(tokens.dtype)
-    sin = device_values(sin, x.device)
+    sin = device_values(time_sinusoid(transformer, timesteps), x.device)
     e = embed.time_embedder(sin)  # [B·F, C]
     e0 = embed.time_proj(embed.act_fn(e)).unflatten(1, (6, -1)).unflatten(0, (b, frames))
     context = embed.text_embedder(text)

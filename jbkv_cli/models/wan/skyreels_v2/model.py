@@ -260,14 +260,13 @@ class SkyReelsV2(WanHeads, VideoModelBase):
         caches = [books.layers(b) for b in branches]
         context = ChunkContext(backend=s.attention_backend, key_rope=rope)
         latents = torch.empty_like(noise)
+        sigmas = self._scheduler().sigmas.to(noise.device)  # the same every chunk
         with torch.no_grad(), chunk_attention(self.components.transformer, context):
             for c in range(s.num_chunks):
                 frames = slice(c * k, (c + 1) * k)
                 context.frame_offset = c * k
-                scheduler = copy.deepcopy(self.components.scheduler)
-                # timesteps on the host, as diffusers keeps its sigmas: int(t) and the
-                # scheduler's own index lookup then read no device value
-                scheduler.set_timesteps(s.steps, device="cpu")
+                scheduler = self._scheduler()
+                scheduler.sigmas = sigmas  # no per-step host-to-device copy of a sigma
                 x = noise[:, :, frames].clone()
                 for i, t in enumerate(scheduler.timesteps):
                     books.at(c, i)
@@ -282,6 +281,16 @@ class SkyReelsV2(WanHeads, VideoModelBase):
                         self.predict(context, caches, texts, x, 0, commit=True)
                 books.chunk_done(c + 1)
         return latents, books.facts() | {"cfg_branches": len(texts)}
+
+    def _scheduler(self) -> Any:
+        """A fresh copy of the UniPC scheduler set to the steps, timesteps and sigmas on the
+        host, as diffusers keeps its sigmas: ``int(t)`` and the scheduler's own index lookup
+        then read no device value. Each step copies its sigmas to the sample's device
+        (``sigmas[i].to(device)``: a blocking copy per step off the CPU), so the loop hands it
+        sigmas already there, copied once per video."""
+        scheduler = copy.deepcopy(self.components.scheduler)
+        scheduler.set_timesteps(self.config.steps, device="cpu")
+        return scheduler
 
     def generate(
         self,
