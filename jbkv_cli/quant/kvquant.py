@@ -333,17 +333,10 @@ class KVQuant(KVMethod):
         )  # fmt: skip
 
     def extra_id(self) -> list[str]:
-        parts = [] if self.outliers == DEFAULT_OUTLIERS else [f"o{self.outliers:g}"]
+        parts = (
+            [] if self.outliers == DEFAULT_OUTLIERS else [f"o{self.outliers:g}".replace(".", "p")]
+        )
         parts += [f"first{self.first_tokens}"] if self.first_tokens else []
         parts += ["qnorm"] if self.qnorm else []
         parts += [f"it{self.iters}"] if self.iters != DEFAULT_ITERS else []
         return parts + (["post-RoPE"] if self.layout == "post-rope" else [])
-
-    @property
-    def label(self) -> str:
-        """e.g. ``INT2 kvquant`` (no group size: steps are per channel)."""
-        return " ".join([f"INT{self.bits}", self.name, *self.extra_id()])
-
-    @property
-    def variant_id(self) -> str:
-        return "-".join([f"int{self.bits}", self.name, *self.extra_id()]).replace(".", "p")
