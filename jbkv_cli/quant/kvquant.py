@@ -217,12 +217,13 @@ class KVQuantTensor(QuantizedTensor):
         """``[..., n, D]`` -> ``[R, ·]`` (one row per codebook)."""
         return t.reshape(self.codebook.shape[0], -1)
 
-    def _codes(self) -> torch.Tensor:
+    def indices(self) -> torch.Tensor:
+        """The codebook index of every coded entry ``[..., L−F, D]`` (int64)."""
         return unpack_codes(self.codes, self.bits, self.shape[-1]).long()
 
     def _per_code(self, table: torch.Tensor) -> torch.Tensor:
         """``table [R, k]`` read at every coded entry: ``[..., n, D]`` float32."""
-        codes = self._codes()
+        codes = self.indices()
         return table.float().gather(-1, self._rows(codes)).reshape(codes.shape)
 
     def _scale(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,6 +266,12 @@ class KVQuantTensor(QuantizedTensor):
     def noise_step2(self) -> torch.Tensor | None:
         """The unshrink rule with ``a = 1`` (module docstring): ``−step²`` (None if mixed)."""
         return None if self.norm is not None else self.excess_step2
+
+    def outlier_mask(self) -> torch.Tensor:
+        """Which entries of the coded tokens ``[..., L−F, D]`` are in the sparse list."""
+        s = self.split
+        mask = torch.zeros(self.coded_shape, dtype=torch.bool, device=self.codes.device)
+        return mask.scatter(s.dim, s.index.long(), True)
 
     @property
     def num_centroids(self) -> int:
