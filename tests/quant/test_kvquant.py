@@ -310,3 +310,24 @@ def test_options_ids_and_validation():
     with pytest.raises(ValueError, match="divisible by 8"):
         KVQuant(3).quantize(torch.randn(1, 1, 4, 12), "key")
     assert math.isfinite(KVQuant(2).quantize(torch.randn(1, 1, 2, 8), "key").effective_bits)
+
+
+# --- the CLI -------------------------------------------------------------------------------------
+
+
+def test_kvquant_runs_through_quantize_eval_pre_rope(quick_eval):
+    """The embedded model caches KVQuant's keys before RoPE; bytes per row from the stored
+    tensors: per chunk and layer, ``H`` heads of 256 tokens × 64 channels (FP32 cache: exact
+    entries FP16, indices uint8), keys and values, plus one codebook and its variances each."""
+    rows = quick_eval("--quantizers", "kvquant", "--bits", "2", "--corrections", "none,taylor")
+    assert list(rows) == ["reference", "int2-kvquant-g32", "int2-kvquant-g32-taylor"]
+    cfg = TinyConfig()
+    h, n, d = cfg.heads, cfg.chunk_len, cfg.head_dim
+    t = threshold(0.01)
+    k_out = lower_count(n, t) + upper_count(n, t)
+    keys = h * (n * d * 2 // 8 + 2 * d * 2 + k_out * d * 3) + 2 * 4 * 2
+    values = h * (n * d * 2 // 8 + 2 * n * 2 + n * 2 * 3) + 2 * 4 * 2  # 2 outliers per token
+    want = (keys + values) * 8 / (2 * h * n * d)
+    for vid in ("int2-kvquant-g32", "int2-kvquant-g32-taylor"):
+        assert rows[vid]["effective_bits"] == pytest.approx(want, rel=1e-6)
+        assert rows[vid]["psnr"]["mean"] > 20
