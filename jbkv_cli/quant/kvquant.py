@@ -10,8 +10,8 @@ coded:
 - **Keys, per channel** ``c`` (over the tokens of ``y``): thresholds ``u_c`` = the ``t``
   percentile, ``l_c`` = the ``1 − t`` percentile (linear interpolation, as ``np.percentile``);
   outliers are the entries ``y_ic > u_c`` or ``y_ic < l_c`` (``get_outliers``).
-- **Values, per token** ``i`` (over its channels, online as the source's
-  ``dynamicquantization``): outliers are ``y_ic ≥`` the token's ``t`` quantile or ``≤`` its
+- **Values, per token** ``i`` (over its channels of every KV head, the source's ``v_proj``
+  row; online as its ``dynamicquantization``): outliers are ``y_ic ≥`` the token's ``t`` quantile or ``≤`` its
   ``1 − t`` quantile (``get_outliers_dynamic``); ``u_i``, ``l_i`` are the max and min of the
   token with its outliers replaced by its median (``quant_fn_nuq_recon``).
 - **Normalise** (offset and half-range)::
@@ -27,11 +27,11 @@ coded:
 
 Stored (:meth:`KVQuantTensor.stored`, what the bytes count): packed ``b``-bit codes of every
 coded token ``[..., L−F, D·b/8]``; ``u``, ``l`` in FP16 rounded outward (keys ``[..., 1, D]``,
-values ``[..., L−F, 1]``); the codebook and its cells' variances, FP16 ``[R, 2^b]`` each (``R``:
+values ``[B, 1, L−F, 1]``); the codebook and its cells' variances, FP16 ``[R, 2^b]`` each (``R``:
 the batch); Q-Norm's ``(s, o_q)`` FP16 ``[R, 2]``; the **sparse outlier list**: per key channel
-``K = ⌈(n−1)f/2⌉ + (n−1−⌊(n−1)t⌋)`` token indices and values, per value token ``K`` channel
-indices and values (indices uint8 up to 256 positions, int16 up to 32,767, else int32; ``n``
-the tokens for keys, the channels for values, with ``≥``/``≤`` counts for values); the first
+``K = ⌈(n−1)f/2⌉ + (n−1−⌊(n−1)t⌋)`` token indices and values, per value token ``K`` indices
+into its ``H·D`` channels and values (indices uint8 up to 256 positions, int16 up to 32,767,
+else int32; ``n`` the tokens for keys, ``H·D`` for values, with ``≥``/``≤`` counts); the first
 tokens ``[..., F, D]``. Exact entries are kept in the cache's dtype when it is 16-bit
 (exactly), else FP16 (the source's).
 
@@ -125,14 +125,28 @@ def codebook_rows(x: torch.Tensor) -> int:
 @dataclass
 class OutlierSplit:
     """The dense-and-sparse split of the coded tokens ``y [..., n, D]``: outlier positions
-    ``index`` and exact ``value`` (along ``dim``: tokens for keys, channels for values) and the
-    ranges ``upper``, ``lower`` (FP16, outward) of the non-outliers."""
+    ``index`` and exact ``value`` along ``dim`` (keys: tokens, ``[..., K, D]``; values: the
+    channels of a token, ``[..., n, K]``, of all heads together when ``pooled``: ``[B, n, K]``
+    over ``H·D``), and the ranges ``upper``, ``lower`` (FP16, outward) of the non-outliers."""
 
     index: torch.Tensor
     value: torch.Tensor
     upper: torch.Tensor
     lower: torch.Tensor
     dim: int
+    pooled: bool = False
+
+    def scatter(self, t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """``t [..., n, D]`` with the outliers' entries replaced by ``values``."""
+        view = token_view(t) if self.pooled else t
+        out = view.scatter(self.dim, self.index.long(), values.to(view.dtype))
+        return out.unflatten(-1, (t.shape[1], t.shape[3])).transpose(1, 2) if self.pooled else out
+
+
+def token_view(y: torch.Tensor) -> torch.Tensor:
+    """``[B, H, n, D] -> [B, n, H·D]``: each token's channels of every head in one row (the
+    source's ``v_proj`` output, whose per-token statistics span the heads)."""
+    return y.transpose(1, 2).flatten(-2)
 
 
 def _index_dtype(n: int) -> torch.dtype:
@@ -158,22 +172,26 @@ def split_keys(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
 
 
 def split_values(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
-    """Values: per token over channels, outliers at or beyond the ``t`` / ``1 − t`` quantiles
-    (fixed counts: :func:`~jbkv_cli.quant.nuq.upper_count_inclusive`); the range is that of the
-    token with its outliers replaced by its (lower) median."""
-    d = y.shape[-1]
+    """Values: per token over its channels (of every head of ``[B, H, n, D]``: the source's
+    ``v_proj`` rows), outliers at or beyond the ``t`` / ``1 − t`` quantiles (fixed counts:
+    :func:`~jbkv_cli.quant.nuq.upper_count_inclusive`); the range is that of the token with its
+    outliers replaced by its (lower) median."""
+    pooled = y.ndim == 4
+    view = token_view(y) if pooled else y
+    d = view.shape[-1]
     t = threshold(f)
-    ys, order = y.float().sort(dim=-1)
+    ys, order = view.float().sort(dim=-1)
     hi, lo = (upper_count_inclusive(d, t), lower_count_inclusive(d, t)) if f > 0 else (0, 0)
     hi, lo = min(hi, d - 1), min(lo, d - 1 - min(hi, d - 1))  # keep one entry coded
     pos = torch.cat([order[..., :lo], order[..., d - hi :]], dim=-1)
     median = ys[..., (d - 1) // 2 : (d - 1) // 2 + 1]
     top = torch.maximum(ys[..., d - 1 - hi : d - hi], median)
     bottom = torch.minimum(ys[..., lo : lo + 1], median)
-    value = y.gather(-1, pos).to(exact)
-    return OutlierSplit(
-        pos.to(_index_dtype(d)), value, round_fp16(top, up=True), round_fp16(bottom, up=False), -1
-    )
+    top, bottom = round_fp16(top, up=True), round_fp16(bottom, up=False)
+    if pooled:  # [B, n, 1] -> [B, 1, n, 1]: broadcast over the heads
+        top, bottom = top.unsqueeze(1), bottom.unsqueeze(1)
+    value = view.gather(-1, pos).to(exact)
+    return OutlierSplit(pos.to(_index_dtype(d)), value, top, bottom, -1, pooled)
 
 
 @dataclass
@@ -235,9 +253,8 @@ class KVQuantTensor(QuantizedTensor):
         return n[:, :1], n[:, 1:]
 
     def _exact(self, coded: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``coded`` with the outliers' entries replaced by ``values`` (same dtype)."""
-        s = self.split
-        return coded.scatter(s.dim, s.index.long(), values.to(coded.dtype))
+        """``coded`` with the outliers' entries replaced by ``values``."""
+        return self.split.scatter(coded, values)
 
     def _with_first(self, coded: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
         return torch.cat([first.to(coded.dtype), coded], dim=-2)
@@ -269,9 +286,8 @@ class KVQuantTensor(QuantizedTensor):
 
     def outlier_mask(self) -> torch.Tensor:
         """Which entries of the coded tokens ``[..., L−F, D]`` are in the sparse list."""
-        s = self.split
         mask = torch.zeros(self.coded_shape, dtype=torch.bool, device=self.codes.device)
-        return mask.scatter(s.dim, s.index.long(), True)
+        return self.split.scatter(mask, torch.ones_like(self.split.index, dtype=torch.bool))
 
     @property
     def num_centroids(self) -> int:
@@ -320,7 +336,7 @@ class KVQuant(KVMethod):
         upper, lower = split.upper.float(), split.lower.float()
         half = (upper - lower) / 2
         z = torch.where(half > 0, (y.float() - (upper + lower) / 2) / half.clamp_min(1e-30), 0.0)
-        keep = torch.ones_like(z).scatter(split.dim, split.index.long(), 0.0)
+        keep = split.scatter(torch.ones_like(z), torch.zeros_like(split.value, dtype=z.dtype))
         zr, wr = z.reshape(rows, -1), keep.reshape(rows, -1)
         if zr.shape[-1] == 0:  # every token exact: nothing to fit
             book = torch.zeros(rows, k, device=x.device)

@@ -83,25 +83,26 @@ def test_key_outliers_are_the_entries_beyond_the_per_channel_percentiles():
 
 
 def test_value_outliers_and_ranges_are_per_token():
-    """Values (get_outliers_dynamic, quant_fn_nuq_recon): per token ``y ≥ q_t`` or ``y ≤
-    q_{1−t}`` (torch.quantile over channels); the range is the max and min of the token with
-    its outliers replaced by its median."""
+    """Values (get_outliers_dynamic, quant_fn_nuq_recon): per token over its channels of every
+    head (the source's ``v_proj`` row), ``y ≥ q_t`` or ``y ≤ q_{1−t}`` (torch.quantile); the
+    range is the max and min of the token with its outliers replaced by its median."""
     x = _x(dim=64, dtype=torch.float32)  # distinct values: no tie at a quantile
-    y = x.float()
+    rows = x.transpose(1, 2).flatten(-2)  # [1, L, H·D]
     stored = KVQuant(2).quantize(x, "value")
     t = threshold(0.01)
-    want = (y >= torch.quantile(y, t, dim=-1, keepdim=True)) | (
-        y <= torch.quantile(y, 1 - t, dim=-1, keepdim=True)
+    want = (rows >= torch.quantile(rows, t, dim=-1, keepdim=True)) | (
+        rows <= torch.quantile(rows, 1 - t, dim=-1, keepdim=True)
     )
+    assert int(want.sum()) == 2 * 200  # the max and min of each token's 128 channels
     _, mask = _z(stored, x)
-    assert torch.equal(mask, want)
-    median = y.median(dim=-1, keepdim=True).values
-    trimmed = torch.where(want, median, y)
+    assert torch.equal(mask.transpose(1, 2).flatten(-2), want)
+    median = rows.median(dim=-1, keepdim=True).values
+    trimmed = torch.where(want, median, rows)
     top, bottom = trimmed.amax(-1, keepdim=True), trimmed.amin(-1, keepdim=True)
-    up, lo = stored.split.upper.float(), stored.split.lower.float()
+    up, lo = stored.split.upper.float()[:, 0], stored.split.lower.float()[:, 0]
     assert (up >= top).all() and (lo <= bottom).all()
     assert torch.allclose(up, top, rtol=2e-3) and torch.allclose(lo, bottom, rtol=2e-3)
-    assert stored.split.upper.shape == (1, 2, 200, 1)
+    assert stored.split.upper.shape == (1, 1, 200, 1)  # one range per token, all heads
 
 
 @pytest.mark.parametrize("role", ["key", "value"])
@@ -198,9 +199,9 @@ def test_bytes_are_counted_from_the_stored_tensors(role, bits, first):
     if role == "key":  # per channel: token indices (uint8 up to 256 positions) + bf16 values
         k = lower_count(n, t) + upper_count(n, t)
         sparse, ranges = heads * k * dim * (1 + 2), heads * 2 * dim * 2
-    else:  # per token: >= / <= counts over 64 channels (1 + 1 at 1%)
+    else:  # per token over its 2 × 64 channels: >= / <= counts (1 + 1 at 1%)
         k = 2
-        sparse, ranges = heads * n * k * (1 + 2), heads * 2 * n * 2
+        sparse, ranges = n * k * (1 + 2), 2 * n * 2
     want = (
         heads * first * dim * 2  # first tokens, bf16
         + heads * n * dim * bits // 8  # codes
@@ -317,8 +318,9 @@ def test_options_ids_and_validation():
 
 def test_kvquant_runs_through_quantize_eval_pre_rope(quick_eval):
     """The embedded model caches KVQuant's keys before RoPE; bytes per row from the stored
-    tensors: per chunk and layer, ``H`` heads of 256 tokens × 64 channels (FP32 cache: exact
-    entries FP16, indices uint8), keys and values, plus one codebook and its variances each."""
+    tensors: per chunk and layer, ``H = 2`` heads of 256 tokens × 64 channels (FP32 cache:
+    exact entries FP16, indices uint8), keys and values, plus one codebook and its variances
+    each."""
     rows = quick_eval("--quantizers", "kvquant", "--bits", "2", "--corrections", "none,taylor")
     assert list(rows) == ["reference", "int2-kvquant-g32", "int2-kvquant-g32-taylor"]
     cfg = TinyConfig()
@@ -326,7 +328,7 @@ def test_kvquant_runs_through_quantize_eval_pre_rope(quick_eval):
     t = threshold(0.01)
     k_out = lower_count(n, t) + upper_count(n, t)
     keys = h * (n * d * 2 // 8 + 2 * d * 2 + k_out * d * 3) + 2 * 4 * 2
-    values = h * (n * d * 2 // 8 + 2 * n * 2 + n * 2 * 3) + 2 * 4 * 2  # 2 outliers per token
+    values = h * n * d * 2 // 8 + 2 * n * 2 + n * 2 * 3 + 2 * 4 * 2  # per token over H·D = 128
     want = (keys + values) * 8 / (2 * h * n * d)
     for vid in ("int2-kvquant-g32", "int2-kvquant-g32-taylor"):
         assert rows[vid]["effective_bits"] == pytest.approx(want, rel=1e-6)
