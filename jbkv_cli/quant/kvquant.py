@@ -39,7 +39,8 @@ Noise model (what the corrections read; per element, ``step [..., L, D]``, ``G =
 entry's error is its cell's, **centroid type** (k-means centroids are their cells' means):
 ``step_ic = r · √(12 v_{code})`` (``v`` the cell's variance of the chunk's ``z``, stored;
 ``× s`` under Q-Norm); outliers and first tokens are exact, step 0. Keys are cached before RoPE
-(``layout``, the source's hooks sit on ``k_proj``): their per-channel steps split RoPE pairs, so
+(``layout``, the source's hooks sit on ``k_proj``; on a model whose cache cannot, after
+RoPE unless ``layout=pre-rope`` was asked for): their per-channel steps split RoPE pairs, so
 the correction takes the pair terms (:mod:`jbkv_cli.attention.rope`). The excess rule reads
 ``−step²`` (``Var(k̂) − Var(k) = −v`` per cell). The unshrink rule's gain model ``k̂ = a k + n``
 does not fit a code with per-channel offsets (``u k̂`` would scale the offsets too, rotated per
@@ -76,7 +77,7 @@ Differences from the source (why "after KVQuant"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -299,7 +300,8 @@ class KVQuant(KVMethod):
     """``outliers``: the fraction kept exact as a sparse list (the source's ``1 −
     sparsity_threshold``; 0: none, min-max ranges); ``first_tokens``: each chunk's first tokens
     kept exact; ``qnorm``: Q-Norm; ``iters``: k-means rounds; ``layout``: keys cached before
-    RoPE (the source) or after. ``group_size`` is not used (steps per channel)."""
+    RoPE (the source) or after (None: before, where the model's cache can, else after).
+    ``group_size`` is not used (steps per channel)."""
 
     name: ClassVar[str] = "kvquant"
     summary: ClassVar[str] = (
@@ -314,7 +316,9 @@ class KVQuant(KVMethod):
     first_tokens: int = option(0, "int", lo=0, hi=MAX_FIRST_TOKENS)
     qnorm: bool = option(False, "bool")
     iters: int = option(DEFAULT_ITERS, "int", lo=1, hi=MAX_ITERS)
-    layout: str = option("pre-rope", "str", choices=LAYOUTS, note="keys")
+    layout: str | None = option(
+        None, "str", choices=LAYOUTS, optional=True, note="keys; none: pre-rope where the cache can"
+    )
 
     def check(self, head_dim: int) -> None:
         per_byte = 8 if self.bits == 3 else 8 // self.bits
@@ -325,7 +329,13 @@ class KVQuant(KVMethod):
         return head_dim
 
     def key_layout(self) -> str:
-        return self.layout
+        return self.layout or "pre-rope"
+
+    def without_pre_rope(self) -> KVQuant | None:
+        """Post-RoPE keys where the layout was left to the model (None: pre-rope asked for)."""
+        if self.layout is None:
+            return replace(self, layout="post-rope")
+        return self if self.layout == "post-rope" else None
 
     def _quantize(self, x: torch.Tensor, role: Role) -> KVQuantTensor:
         exact = exact_dtype(x.dtype)
@@ -362,4 +372,4 @@ class KVQuant(KVMethod):
         parts += [f"first{self.first_tokens}"] if self.first_tokens else []
         parts += ["qnorm"] if self.qnorm else []
         parts += [f"it{self.iters}"] if self.iters != DEFAULT_ITERS else []
-        return parts + (["post-RoPE"] if self.layout == "post-rope" else [])
+        return parts + ([self.layout.replace("-", "")] if self.layout is not None else [])

@@ -13,6 +13,7 @@ import torch
 
 from jbkv_cli.attention.rope import KeyRotation, needs_pair_terms
 from jbkv_cli.kvcache import ChunkKVCache, KVSpec
+from jbkv_cli.models.contract import resolve_spec
 from jbkv_cli.models.tiny.model import TinyConfig, key_rope
 from jbkv_cli.quant import build_method
 from jbkv_cli.quant.kvquant import KVQuant, KVQuantTensor, threshold
@@ -25,6 +26,7 @@ from jbkv_cli.quant.nuq import (
     upper_count,
 )
 from jbkv_cli.quant.tensor import CENTROID, MIXED
+from jbkv_cli.utils.errors import UsageError
 
 
 def _x(tokens=200, dim=32, heads=2, seed=0, dtype=torch.bfloat16):
@@ -298,6 +300,32 @@ def test_pre_rope_per_channel_steps_take_the_pair_terms():
     rot = KeyRotation(torch.ones(200, 32), torch.zeros(200, 32), "half")
     assert needs_pair_terms(step, 64, rot, "taylor")
     assert KVQuant(2, layout="post-rope").key_layout() == "post-rope"
+
+
+class _Model:
+    """What :func:`resolve_spec` reads of a model: its name, ``pre_rope`` and ``resolve_kv``."""
+
+    def __init__(self, pre_rope: bool) -> None:
+        self.name, self.pre_rope = "stub", pre_rope
+
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        return kv
+
+
+def test_the_layout_left_to_the_model_falls_back_to_post_rope():
+    """Default: pre-RoPE keys (the source) where the model's cache can hold them, post-RoPE
+    elsewhere (labelled); pre-RoPE asked for on such a model is a one-line usage error."""
+    spec = KVSpec.build("kvquant", 2, 32, "taylor")
+    assert resolve_spec(_Model(pre_rope=True), spec) == spec and spec.key_layout == "pre-rope"
+    moved = resolve_spec(_Model(pre_rope=False), spec)
+    assert moved.key_layout == "post-rope" and moved.key.layout == "post-rope"
+    assert moved.variant_id == "int2-kvquant-g32-postrope-taylor"
+    asked = KVSpec.build("kvquant", 2, 32, layout="pre-rope")
+    assert asked.variant_id == "int2-kvquant-g32-prerope"
+    with pytest.raises(UsageError, match="cannot cache keys before RoPE"):
+        resolve_spec(_Model(pre_rope=False), asked)
+    rtn = KVSpec.build("rtn", 2, 32)
+    assert resolve_spec(_Model(pre_rope=False), rtn) == rtn
 
 
 def test_options_ids_and_validation():
