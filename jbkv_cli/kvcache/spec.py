@@ -116,6 +116,16 @@ class KVSpec:
             self if (key, value) == (self.key, self.value) else replace(self, key=key, value=value)
         )
 
+    def post_rope(self) -> KVSpec | None:
+        """The spec with its keys cached after RoPE where its methods leave the layout to the
+        model (:meth:`~jbkv_cli.quant.method.KVMethod.without_pre_rope`); None when a method
+        asks for pre-RoPE keys."""
+        methods = (self.key, self.value)
+        moved = [None if m is None else m.without_pre_rope() for m in methods]
+        if any(new is None and old is not None for new, old in zip(moved, methods, strict=True)):
+            return None
+        return replace(self, key=moved[0], value=moved[1])
+
     # --- what it is -------------------------------------------------------------------------
 
     @property

@@ -127,11 +127,16 @@ class CasePlanner(Protocol):
 
 
 def resolve_spec(model: VideoModel, spec: KVSpec) -> KVSpec:
-    """``spec`` as ``model`` runs it (:meth:`VideoModel.resolve_kv`). Pre-RoPE keys on a model
-    that cannot cache them (``pre_rope`` False) are a :class:`UsageError`."""
+    """``spec`` as ``model`` runs it (:meth:`VideoModel.resolve_kv`). On a model that cannot
+    cache keys before RoPE (``pre_rope`` False) a method that leaves the layout to the model
+    caches them after RoPE (:meth:`KVSpec.post_rope`); one that asks for pre-RoPE keys is a
+    :class:`UsageError`."""
     spec = model.resolve_kv(spec)
     if spec.key_layout == "pre-rope" and not model.pre_rope:
-        raise UsageError(f"{spec.label}: model {model.name} cannot cache keys before RoPE")
+        moved = spec.post_rope()
+        if moved is None:
+            raise UsageError(f"{spec.label}: model {model.name} cannot cache keys before RoPE")
+        spec = moved
     return spec
 
 

@@ -117,6 +117,12 @@ class KVMethod:
         rotated on read, :mod:`jbkv_cli.attention.rope`)."""
         return "post-rope"
 
+    def without_pre_rope(self) -> KVMethod | None:
+        """This method with its keys cached after RoPE, for a model whose cache cannot hold them
+        before: itself when it caches them after RoPE anyway, None when pre-RoPE keys were asked
+        for; a method whose layout is left to the model (KVQuant's default) says how."""
+        return self if self.key_layout() == "post-rope" else None
+
     def for_model(
         self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
     ) -> KVMethod:

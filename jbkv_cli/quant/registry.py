@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from jbkv_cli.quant.kivi import KIVI
+from jbkv_cli.quant.kvquant import KVQuant
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.quantwm import QuantWM, QuantWMBase, QuantWMPSAC, QuantWMQSAC
 from jbkv_cli.quant.quarot import QuaRot
@@ -59,5 +60,6 @@ for _cls in (
     QuantWMBase,
     TurboQuantMSE,
     TurboQuantProd,
+    KVQuant,
 ):
     register_method(_cls)
