@@ -30,6 +30,7 @@ METHODS = (
     "quantwm-base",
     "turboquant-mse",
     "turboquant-prod",
+    "kvquant",
 )
 # jbkv_cli.prune.registry.PRUNERS, in registration order
 PRUNERS = ("forcing-kv", "forcing-kv-history")
