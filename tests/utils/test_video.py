@@ -171,6 +171,7 @@ for i in range(2):
 """
 
 
+@pytest.mark.slow  # fresh interpreters
 @pytest.mark.parametrize("suffix", [".mp4", ".mkv"])
 def test_video_bytes_are_reproducible_across_processes(tmp_path: Path, suffix: str) -> None:
     """Identical frames (a tiny-model video: x264's mb-tree rate control made these vary from

@@ -16,6 +16,8 @@ from typer.testing import CliRunner
 from jbkv_cli.cli.app import app
 from tests.installed import run_jbkv
 
+pytestmark = pytest.mark.slow
+
 TINY = ["-m", "matrix-game-2", "-o", "config=tiny-random"]
 
 
