@@ -256,6 +256,7 @@ def test_no_jbkv_cache_is_exact_causal_attention():
     assert (out - ref.transpose(1, 2)).abs().max() <= 1e-6
 
 
+@pytest.mark.slow  # end to end
 def test_every_registry_method_and_correction_runs():
     """Every method of the registry, with every CLI correction, stores the prefix and scores
     the chunk; quantized methods store less than the reference, and the correction moves the

@@ -302,6 +302,7 @@ def test_correction_removes_the_jensen_bias_of_real_kivi_rounding(bits, q_scale,
 # --- the CLI -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # end to end
 def test_kivi_runs_through_quantize_eval(tmp_path):
     args = "quantize-eval --quantizers kivi --bits 2,4 --corrections none,taylor --num-chunks 2"
     args += f" --steps 1 --no-lpips --no-plots --out {tmp_path} --json {tmp_path / 'r.json'}"

@@ -344,6 +344,7 @@ def test_options_ids_and_validation():
 # --- the CLI -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # end to end
 def test_kvquant_runs_through_quantize_eval_pre_rope(quick_eval):
     """The embedded model caches KVQuant's keys before RoPE; bytes per row from the stored
     tensors: per chunk and layer, ``H = 2`` heads of 256 tokens × 64 channels (FP32 cache:

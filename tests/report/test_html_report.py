@@ -255,6 +255,7 @@ SEEKABLE = "v.readyState >= 2 && v.seekable.length && v.seekable.end(v.seekable.
     _chromium() is None,
     reason="no chromium executable (Debian's chromium package; `make browser` installs it)",
 )
+@pytest.mark.slow  # end to end
 @pytest.mark.parametrize("served", ["http-ranges", "http-no-ranges", "file"])
 def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, served):
     """``http-no-ranges`` is like ``python -m http.server``: the page fetches its videos whole."""

@@ -115,6 +115,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.slow  # end to end
 def test_two_processes_starting_new_runs_at_once_keep_both_registrations(tmp_path):
     n = 40
     procs = [

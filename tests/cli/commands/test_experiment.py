@@ -207,6 +207,7 @@ def evaluated(tmp_path_factory):
     return root, js, result
 
 
+@pytest.mark.slow  # end to end
 def test_quantize_eval_json_schema_and_table(evaluated):
     root, js, result = evaluated
     data = json.loads(js.read_text())

@@ -29,6 +29,7 @@ def pruned_run(tmp_path_factory) -> tuple[Path, dict, str]:
     return out / "tiny", json.loads((out / "r.json").read_text()), result.output
 
 
+@pytest.mark.slow  # end to end
 def test_quantize_eval_rows_carry_the_pruner(pruned_run):
     _, data, output = pruned_run
     rows = {r["variant"]: r for r in data["rows"]}
@@ -80,6 +81,7 @@ def test_report_rebuilds_the_pruned_rows(pruned_run):
     assert "| FP32 Forcing-KV-history | none + forcing-kv-history | 32 |" in table
 
 
+@pytest.mark.slow  # end to end
 def test_generate_with_a_pruner(tmp_path):
     base = ["generate", *SMALL, "--bits", "2", "-q", "rtn", "--correct", "--out", str(tmp_path)]
     for pruner, option, folder, stored in (
@@ -123,6 +125,7 @@ def test_generate_with_a_pruner(tmp_path):
     assert "pruner" not in json.loads(reference.read_text())
 
 
+@pytest.mark.slow  # end to end
 def test_profile_heads_writes_a_profile_the_pruner_reads(tmp_path):
     path = tmp_path / "heads.json"
     result = CliRunner().invoke(app, ["profile-heads", *SMALL, "--out", str(path)])

@@ -64,6 +64,7 @@ def _with_vbench(run, tmp_path):
     return copy
 
 
+@pytest.mark.slow  # end to end
 def test_every_report_format_with_partial_vbench_results(run, tmp_path):
     vb = _with_vbench(run, tmp_path)
     for fmt in ("table", "md", "json", "csv"):

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from jbkv_cli.models.hy_worldplay import retrieval, trajectory
@@ -67,6 +68,7 @@ def check(traj):
     return plan
 
 
+@pytest.mark.slow  # end to end
 def test_hy_worldplay_retrieval_w63():
     plan = check(trajectory.load_trajectory("w-63", 64))
     assert len(plan) == 16 and plan[5] == list(range(20))

@@ -80,6 +80,7 @@ def test_self_forcing_static_heads_with_one_chunk_of_anchors_equal_a_window_of_o
     assert ref_info["kv_cache_bytes"] < info["kv_cache_bytes"] < full_info["kv_cache_bytes"]
 
 
+@pytest.mark.slow  # end to end
 def test_self_forcing_int2_with_forcing_kv_end_to_end(tiny_model, head_profile):
     """Prune, then quantize what is kept, with the correction. (At 4 tokens per frame the
     positions and segment means outweigh what INT2 pruning saves; FP32 pruning saves.)"""
