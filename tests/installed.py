@@ -63,8 +63,8 @@ def run_in_process(
     stdout and stderr :func:`run_jbkv` gets for a command that answers from its arguments and
     files (usage errors, refusals, ``report``), without a new interpreter importing torch (about
     3 s of CPU a call). Not for signals, stdin, the console script or start-up: a test that
-    uses it for many cases runs at least one of them through :func:`run_jbkv` as well
-    (:func:`run_cases`)."""
+    uses it for many cases runs at least one of them through :func:`run_jbkv` as well, which
+    must answer the same."""
     from typer.testing import CliRunner
 
     from jbkv_cli.cli.app import app
@@ -76,20 +76,3 @@ def run_in_process(
     with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
         done = CliRunner().invoke(app, argv, env=extra, catch_exceptions=False)
     return subprocess.CompletedProcess(["jbkv", *argv], done.exit_code, done.stdout, done.stderr)
-
-
-def run_cases(
-    cases: list[tuple], cwd: Path | None = None, columns: int | None = None, installed: int = 1
-) -> list[subprocess.CompletedProcess]:
-    """Each case (a ``jbkv`` argument tuple) run in this process (:func:`run_in_process`), the
-    first ``installed`` of them through the installed ``jbkv`` as well, which must answer the
-    same (exit code, stdout, stderr): the subprocess proves the entry point, the rest are cheap."""
-    done = [run_in_process(*case, cwd=cwd, columns=columns) for case in cases]
-    for case, here in zip(cases[:installed], done, strict=False):
-        there = run_jbkv(*case, cwd=cwd, columns=columns)
-        assert (there.returncode, there.stdout, there.stderr) == (
-            here.returncode,
-            here.stdout,
-            here.stderr,
-        ), case
-    return done
