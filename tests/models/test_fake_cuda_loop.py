@@ -28,6 +28,9 @@ the spec builds, the model resolves it, the method fits the head dim, a pruner h
 head layout and a method that stores each token on its own. The full product on one cache is
 ``tests/kvcache/test_no_host_sync.py``. A variant whose policy compresses nothing in so short a
 video (Self-Forcing's QVG spans of 8 chunks, KIVI's 128-token residual) runs its exact path.
+Known and not in this covering: QuantWM-QSAC on HY-WorldPlay copies one k-means init index
+tensor per chunk (``quant/kmeans.py`` ``Draws`` keeps a device copy per token count, and
+HY-WorldPlay's memory length changes from chunk to chunk).
 """
 
 from __future__ import annotations
@@ -54,12 +57,6 @@ from tests.models.test_contract import TINY, one_thread  # noqa: F401 (autouse: 
 pytestmark = pytest.mark.slow
 
 WARM, CHUNKS = 2, 5  # chunks (module docstring)
-# A known defect, kept visible: QVG / QuantWM k-means draw their initial centroids on the CPU
-# (so a seed gives the same video on any device) and keep the device copy per token count
-# (quant/kmeans.py Draws); HY-WorldPlay re-quantizes a memory whose length changes chunk after
-# chunk, so QuantWM-QSAC there copies one small index tensor per chunk. Where the covering runs
-# it, the test expects exactly that failure (and fails once it is fixed, to take the entry out).
-KNOWN_COPIES = {"hy-worldplay": ("quantwm-qsac", "quant/kmeans.py")}
 
 # on top of the contract test's tiny configs: the GPU dtype, and fewer denoising steps where
 # the loop is the same with them (MAGI-1: a multiple of its 2-chunk pipeline; Rolling Forcing:
@@ -186,10 +183,9 @@ def _variants(name: str, model: VideoModel, folder: Path) -> list[KVSpec]:
 def test_the_chunk_loop_reads_and_copies_nothing_per_chunk(name, tmp_path):
     assert set(LOOP_OPTIONS) == set(registry.MODELS), "add the model's loop options here"
     tiny = TINY[name]
-    chunks = CHUNKS
-    options = {**tiny.settings, **LOOP_OPTIONS[name], "num_chunks": chunks}
+    options = {**tiny.settings, **LOOP_OPTIONS[name], "num_chunks": CHUNKS}
     model = registry.load_model(name, **options)
-    (case,) = with_plans(model, [tiny.case(tmp_path, chunks)])
+    (case,) = with_plans(model, [tiny.case(tmp_path, CHUNKS)])
     variants = _variants(name, model, tmp_path)
     assert len(variants) >= (len(METHODS) if name == "tiny" else 1), [
         s.variant_id for s in variants
@@ -200,7 +196,7 @@ def test_the_chunk_loop_reads_and_copies_nothing_per_chunk(name, tmp_path):
         reference = Chunks(cuda)
         model.generate(case, 0, FULL_PRECISION, progress=reference)  # a host read: HostSync
         added = reference.added()
-        assert len(added) == chunks and added[WARM:] == [0] * (chunks - WARM), (
+        assert len(added) == CHUNKS and added[WARM:] == [0] * (CHUNKS - WARM), (
             added,
             reference.transfers(),
         )
@@ -211,11 +207,4 @@ def test_the_chunk_loop_reads_and_copies_nothing_per_chunk(name, tmp_path):
             except LoopDone:
                 continue
             failures.append((spec.variant_id, run.added(), run.transfers()))
-    if name in KNOWN_COPIES and any(KNOWN_COPIES[name][0] in s.variant_id for s in variants):
-        method, where = KNOWN_COPIES[name]
-        known = [f for f in failures if method in f[0] and any(where in str(t) for t in f[2])]
-        assert known, f"{name}: the known {method} copy is gone: take it out of KNOWN_COPIES"
-        failures = [f for f in failures if f not in known]
-        assert not failures, failures
-        pytest.xfail(f"known defect: {method} k-means init copied per memory length ({where})")
     assert not failures, failures
