@@ -49,7 +49,10 @@ keeps, those are stored per (batch, KV head) by the methods (prune, then quantiz
 :mod:`jbkv_cli.kvcache.pruned`), later decisions remove tokens of earlier chunks, and reads
 carry ``valid [B, Hkv, Lc]`` so attention masks what was dropped (and ``copies`` when a
 token is held more than once: attention reads it that many times). Sinks are never pruned.
-``nbytes_by_kind()`` splits the bytes by the pruner's head classes.
+``nbytes_by_kind()`` splits the bytes by the pruner's head classes. A re-scoring pruner
+(:class:`~jbkv_cli.prune.base.RescoringPruning`, FlowCache) also sees the queries of every
+attention call, and at each commit every key held of the earlier pruned chunks as a read
+dequantizes it, with its steps (:class:`~jbkv_cli.prune.base.HeldKeys`).
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from jbkv_cli.kvcache.pruned import PrunedChunk
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spans import Span, SpanSlice, held_spans, span_members
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.prune.base import LayerPruning
+from jbkv_cli.prune.base import HeldKeys, LayerPruning, RescoringPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MIXED, measure_noise
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
@@ -149,6 +152,7 @@ class ChunkKVCache:
         self.policies = {role: _policy(spec, role) for role in ROLES}
         _check_policies(spec, self.policies, rope)
         self.pruning = pruning
+        self._rescoring = isinstance(pruning, RescoringPruning)
         self.spec = spec
         self.window = window
         self.keep_view = keep_view
@@ -309,12 +313,33 @@ class ChunkKVCache:
 
     def _commit_pruned(self, k: torch.Tensor, v: torch.Tensor) -> PrunedChunk:
         """Prune the new chunk, and earlier chunks' tokens decided now; store what is kept."""
-        decision = self.pruning.commit(self.committed, k)
+        if self._rescoring:
+            decision = self.pruning.rescore(self.committed, k, self._held_keys())
+        else:
+            decision = self.pruning.commit(self.committed, k)
         held = {c.serial: c.pruned for c in self.chunks if c.pruned is not None}
         for serial, start, keep in decision.settled:
             if serial in held:
                 held[serial].drop(start, keep, decision.held.get(serial))
         return PrunedChunk(k, v, decision.keep, self._stored_as, decision.held.get(self.committed))
+
+    def _held_keys(self) -> HeldKeys:
+        """The pruned chunks' keys as a read dequantizes them, with their steps (sink chunks,
+        never pruned, left out): what a re-scoring pruner scores again."""
+        chunks = [c for c in self.chunks if c.pruned is not None]
+        if not chunks:
+            return HeldKeys()
+        groups = self._groups("key")
+        parts = [c.pruned.dense(groups) for c in chunks]
+        quantized = self.spec.key is not None and self.spec.quantized
+        return HeldKeys(
+            serials=tuple(c.serial for c in chunks),
+            lengths=tuple(c.length for c in chunks),
+            k=torch.cat([p[0] for p in parts], dim=-2),
+            valid=torch.cat([c.pruned.kept for c in chunks], dim=-1),
+            step=torch.cat([p[2] for p in parts], dim=-2) if quantized else None,
+            rotation=next((p[3] for p in parts if p[3] is not None), None),
+        )
 
     def _settle(self) -> None:
         """Compress the exact tokens that fell out of each method's residual (newest tokens)."""
@@ -599,6 +624,8 @@ class ChunkKVCache:
         (``positions``: read positions of pre-RoPE chunks; ``sinks``: include the sinks; as
         :meth:`read`)."""
         cached = self.read(last, positions, sinks)
+        if self._rescoring:
+            self.pruning.observe(q, scale)
         correction = self.spec.correction_
         out = attend(q, k_cur, v_cur, cached, scale=scale, correction=correction, backend=backend)
         if self.pending is not None:

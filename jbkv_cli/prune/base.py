@@ -7,12 +7,18 @@ rest. A pruner owns its name, validation, label and variant-id part, and builds 
 :class:`LayerPruning` per attention layer for a model (:meth:`KVPruner.plans`). Subclass
 :class:`KVPruner`, set ``name``, implement ``plans``, and add one line to
 :mod:`jbkv_cli.prune.registry`.
+
+A layer state that re-scores what the cache already holds (FlowCache) is a
+:class:`RescoringPruning`: the cache hands it the queries of every attention call
+(:meth:`RescoringPruning.observe`) and, at each commit, every key it holds of earlier pruned
+chunks as attention would read them (:class:`HeldKeys`: dequantized, with their steps), so it can
+drop tokens it kept before. A plain :class:`LayerPruning` sees only each new chunk's exact keys.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -41,6 +47,28 @@ class LayerPruning(Protocol):
 
 
 @dataclass
+class HeldKeys:
+    """What a cache holds of its earlier pruned chunks (sink chunks left out), oldest first, as
+    attention reads it: ``k [B, Hkv, Lh, D]`` the kept keys dequantized at their positions,
+    zeros where a token was dropped; ``valid`` bool ``[B, Hkv, Lh]`` the tokens held; ``step``
+    ``[B, Hkv, Lh, G]`` float32 the keys' quantization steps (zeros for exact ones; None when
+    the cache stores keys exactly) and ``rotation`` the basis their noise lives in.
+    ``serials`` and ``lengths``: the chunks laid end to end (``Lh = sum(lengths)``)."""
+
+    serials: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+    k: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    step: torch.Tensor | None = None
+    rotation: Any = None
+
+    @property
+    def tokens(self) -> int:
+        """``Lh``: the positions laid out (held or dropped)."""
+        return sum(self.lengths)
+
+
+@dataclass
 class Decision:
     """What :meth:`LayerPruning.commit` decided.
 
@@ -60,6 +88,22 @@ class Decision:
     keep: torch.Tensor
     settled: list[tuple[int, int, torch.Tensor]]
     held: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+@runtime_checkable
+class RescoringPruning(LayerPruning, Protocol):
+    """A layer state that decides from recent queries and from every key the cache holds (see
+    the module docstring); the cache calls :meth:`rescore` instead of ``commit``."""
+
+    def observe(self, q: torch.Tensor, scale: float) -> None:
+        """The queries ``[B, Hq, Lq, D]`` (post-RoPE) of an attention call over this layer's
+        cache and the call's softmax scale."""
+        ...
+
+    def rescore(self, serial: int, k: torch.Tensor, held: HeldKeys) -> Decision:
+        """Decide on chunk ``serial`` (exact post-RoPE keys ``[B, Hkv, L, D]``) and again on
+        every token the cache holds of earlier chunks (``held``)."""
+        ...
 
 
 @dataclass(frozen=True)

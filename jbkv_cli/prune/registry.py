@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jbkv_cli.prune.base import KVPruner
+from jbkv_cli.prune.flowcache import FlowCache, FlowCacheCorrected
 from jbkv_cli.prune.forcing_kv import ForcingKV
 from jbkv_cli.prune.forcing_kv_history import ForcingKVHistory
 
@@ -59,3 +60,5 @@ def table_rank(name: str) -> int:
 
 register_pruner(ForcingKV)
 register_pruner(ForcingKVHistory)
+register_pruner(FlowCache)
+register_pruner(FlowCacheCorrected)
