@@ -16,6 +16,7 @@ The model loops themselves: ``tests/models/test_fake_cuda_loop.py``.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ FEWER_ROUNDS = {"kvquant": {"iters": 2}}
 def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
     """Every method × correction (each pruner too, with ``profile``) that builds and, pruned,
     that the CLI runs (methods that store each token on its own: ``check_prunable``)."""
-    pruners = [None] if profile is None else [build_pruner(p, profile=profile) for p in PRUNERS]
+    pruners = [None] if profile is None else [_pruner(p, profile) for p in PRUNERS]
     out = []
     for pruner in pruners:
         for method in METHODS:
@@ -77,6 +78,12 @@ def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
                     continue  # a combination refused before the run (none is refused in it)
                 out.append((spec.variant_id, spec.for_model(MODEL, FRAMES * FRAME)))
     return out
+
+
+def _pruner(name: str, profile: str):
+    """The pruner ``name``, reading ``profile`` when it takes a head profile."""
+    takes = "profile" in {f.name for f in fields(PRUNERS[name])}
+    return build_pruner(name, **({"profile": profile} if takes else {}))
 
 
 def _rope(device: str) -> KeyRope:
