@@ -215,8 +215,8 @@ def flowcache_score(
 
 
 def select(score: torch.Tensor, budget: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """The ``budget`` highest of ``score [B, Hkv, N]`` per lane (indices, int64), never a token
-    ``valid`` leaves out while a valid one remains (K:171-175: ``topk``)."""
+    """The ``budget`` highest of ``score [B, Hkv, N]`` per lane (indices, int64), a token
+    ``valid`` leaves out only once no valid one remains (K:171-175: ``topk``)."""
     if valid is not None:
         score = score.masked_fill(~valid, float("-inf"))
     return score.topk(budget, dim=-1).indices
@@ -269,7 +269,10 @@ class FlowCacheLayer:
         keys, valid, where, step = self._candidates(k, held)
         top = select(self.score(keys, valid, step, held.rotation), budget, valid)
         keep = torch.zeros(b, h, history + length, dtype=torch.bool, device=k.device)
-        keep.scatter_(-1, where.gather(-1, top), True)
+        # a padding slot (a token dropped before) is never kept again, even when fewer real
+        # tokens than ``budget`` remain (a window evicted some): off the CPU its slot still holds
+        # the token's data (:mod:`jbkv_cli.kvcache.pruned`)
+        keep.scatter_(-1, where.gather(-1, top), valid.gather(-1, top))
         settled, start = [], 0
         for s, n in zip(held.serials, held.lengths, strict=True):
             settled.append((s, 0, keep[..., start : start + n]))

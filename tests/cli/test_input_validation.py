@@ -222,6 +222,14 @@ def test_option_values_are_usage_errors_naming_the_option_and_its_range(work):
             ["generate", "--pruner", "forcing-kv", "-M", f"forcing-kv.profile_sha256={'0' * 64}"],
             ["unknown forcing-kv option 'profile_sha256'"],
         ),
+        (
+            ["generate", "--pruner", "flowcache", "-M", "flowcache.kernel_size=4"],
+            ["flowcache.kernel_size must be odd, got 4"],
+        ),
+        (
+            ["generate", "--pruner", "flowcache-corrected", "-M", "flowcache-corrected.preset=x"],
+            ["flowcache-corrected.preset must be one of magi1, vbench, physicsiq, skyreels-v2"],
+        ),
         (["generate", "--window", "0", *TINY], ["tiny: window must be an integer in 1..1024"]),
         (["generate", "--window", "-1", *TINY], ["--window"]),
         (["generate", "--num-chunks", "1000000000"], ["tiny: num_chunks", "1..1024"]),

@@ -12,7 +12,13 @@ import torch
 
 from jbkv_cli.attention.correction import taylor_bias
 from jbkv_cli.kvcache import KVSpec, layer_caches
-from jbkv_cli.prune import FlowCache, FlowCacheCorrected, build_pruner, pruner_from_record
+from jbkv_cli.prune import (
+    FlowCache,
+    FlowCacheCorrected,
+    HeldKeys,
+    build_pruner,
+    pruner_from_record,
+)
 from jbkv_cli.prune.flowcache import (
     attention_mass,
     flowcache_budget,
@@ -211,6 +217,26 @@ def test_the_window_evicts_kept_tokens_and_the_count_follows():
     assert cache.pruning.bound == 4  # at most chunk 1's four: a bound, not read from the masks
     step(cache, along(2, 3, 4, 5))  # chunk 1's slots are padding: the new four win
     assert held(cache) == {2: [0, 1, 2, 3]}
+
+
+def test_a_dropped_token_is_never_kept_again():
+    """``K = 2`` and a history that holds fewer real tokens than the bound (a window evicted
+    some): the budget (8) exceeds the 6 real candidates, and only those 6 are kept."""
+    (layer,) = FlowCache(clean_chunks=2, mix_lambda=1.0, kernel_size=1).plans("t", 1, 1, 1)
+    layer.observe(torch.ones(1, 1, L, D), 1.0)
+    keys = [along(1, 2, 3, 4), along(5, 6, 7, 8), along(9, 10, 11, 12)]
+    layer.rescore(0, keys[0], HeldKeys())
+    layer.rescore(1, keys[1], HeldKeys((0,), (L,), keys[0], torch.ones(1, 1, L, dtype=torch.bool)))
+    assert layer.bound == 2 * L  # no event yet
+    valid = torch.tensor([[[False, True, False, False, False, False, True, False]]])
+    held = HeldKeys((0, 1), (L, L), torch.cat(keys[:2], dim=-2) * valid[..., None], valid)
+    decision = layer.rescore(2, keys[2], held)
+    assert [(s, m.flatten().tolist()) for s, _, m in decision.settled] == [
+        (0, [False, True, False, False]),
+        (1, [False, False, True, False]),
+    ]
+    assert decision.keep.all()
+    assert layer.bound == 2 * L and decision.held == {0: (L,), 1: (L,), 2: (L,)}
 
 
 def test_storage_is_what_the_lanes_store_plus_the_queries():
