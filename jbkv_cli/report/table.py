@@ -23,6 +23,7 @@ from jbkv_cli.metrics.paired import paired_summary, with_holm
 from jbkv_cli.report.comparisons import Scores, method_comparisons, reference_comparisons
 from jbkv_cli.report.fit import print_fitted
 from jbkv_cli.report.frontier import frontiers
+from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import bias_share_by_layer, memory_fields
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.run.directory import RunDir, video_name
@@ -572,7 +573,9 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     ``videos``: the (prompt, seed) pairs of the reference videos, sorted. ``pareto``: per
     frontier metric, the variants on the storage–quality Pareto front (:mod:`jbkv_cli.report.frontier`).
     ``correction_gains``, ``method_comparisons``, ``reference_comparisons``: the paired
-    comparisons with their statistics (:mod:`jbkv_cli.report.comparisons`).
+    comparisons with their statistics (:mod:`jbkv_cli.report.comparisons`). ``horizon``: time
+    to divergence, the still-valid fraction and the gain up to divergence
+    (:mod:`jbkv_cli.report.horizon`; None when the run stored none of what it reads).
     """
     scores = Scores(run)
     videos = sorted({(r["prompt"], r["seed"]) for r in run.records(run.reference)})
@@ -587,4 +590,5 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
         "method_comparisons": method_comparisons(rows, scores),
         "reference_comparisons": reference_comparisons(run, rows),
         "pareto": frontiers(rows),
+        "horizon": horizon_section(run, rows),
     }

@@ -334,7 +334,9 @@ def quantize_eval(
         _warn_noops(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings, files[name])
-        scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
+        # each video is scored as soon as it is made, and checked against its prompt (when
+        # the model has a check: the long-horizon report's still-valid fraction)
+        scoring = Scoring(run, lpips=lpips, check=m.follows_prompt)
         summary = generate_all(m, run, model_specs, items, scoring=scoring)
         shows.append(partial(_summary_line, summary, run))
         if vbench:
@@ -366,6 +368,7 @@ def _write_report(
     data and the function that prints it (the table, the gains, the files written). Files
     first, so a failure while printing never loses what was computed."""
     from jbkv_cli.report.comparisons import comparisons_markdown
+    from jbkv_cli.report.horizon import horizon_markdown
     from jbkv_cli.report.html import write_html_report
     from jbkv_cli.report.table import build_rows, to_json, to_markdown
 
@@ -373,7 +376,8 @@ def _write_report(
     data = to_json(run, rows)
     report_dir = run.root / "report"
     write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
-    write_text_atomic(report_dir / "table.md", to_markdown(rows) + comparisons_markdown(data))
+    md = to_markdown(rows) + comparisons_markdown(data) + horizon_markdown(data.get("horizon"))
+    write_text_atomic(report_dir / "table.md", md)
     made = []
     if plots:
         from jbkv_cli.report.plots import make_plots
@@ -423,10 +427,12 @@ def _print_report(
 
 
 def print_comparisons(data: dict[str, Any]) -> None:
-    """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`)."""
+    """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`),
+    then the horizon section (:func:`jbkv_cli.report.horizon.horizon_lines`)."""
     from jbkv_cli.report.comparisons import comparison_lines
+    from jbkv_cli.report.horizon import horizon_lines
 
-    for line in comparison_lines(data):
+    for line in comparison_lines(data) + horizon_lines(data.get("horizon")):
         out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
 
 
