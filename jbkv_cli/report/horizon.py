@@ -151,8 +151,8 @@ def still_valid(entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _series(run: RunDir, vid: str) -> Series:
-    """Video name -> PSNR per chunk, from chunk 0 (chunks before the stored first one, frames
-    skipped when scoring, are left out of the run's horizon: padded by nothing, dropped)."""
+    """Video name -> PSNR per chunk, from the first chunk scored (chunk 0: scoring skips no
+    frame)."""
     settings = run.manifest.get("settings", {})
     records = {video_name(r["prompt"], r["index"]): r for r in run.records(vid)}
     out = {}
@@ -241,15 +241,16 @@ def valid_text(valid: list[dict[str, Any]] | None) -> str:
     )
 
 
-def delay_text(d: dict[str, Any]) -> str:
-    """``taylor on INT2 …: later in 6, earlier in 1, tied 3 · median +2 chunks · p_sign 0.13``."""
+def delay_text(d: dict[str, Any], labels: bool = True) -> str:
+    """``INT2 … +taylor vs INT2 …: diverges later in 6, earlier in 1, tied 3 of 10 videos ·
+    median +2 chunks · sign test p 0.125`` (``labels=False``: from ``diverges``)."""
     median = d.get("median_difference")
     shown = "—" if median is None else f"{median:+g}"
-    return (
-        f"{d['label']} vs {d['baseline_label']}: diverges later in {d['later']}, earlier in "
-        f"{d['earlier']}, tied {d['ties']} of {d['n']} videos · median {shown} chunks · "
-        f"sign test p {format_p(d['p_sign'])}"
+    text = (
+        f"diverges later in {d['later']}, earlier in {d['earlier']}, tied {d['ties']} of "
+        f"{d['n']} videos · median {shown} chunks · sign test p {format_p(d['p_sign'])}"
     )
+    return f"{d['label']} vs {d['baseline_label']}: {text}" if labels else text
 
 
 def gain_text(d: dict[str, Any]) -> str:

@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # torch: the commands import the library once their options a
     from jbkv_cli.report.results import ResultRow
     from jbkv_cli.run.directory import RunDir
 
+HORIZON_CHUNKS = 64  # --horizon: the rollout, 8 times the embedded model's default
+HORIZON_SEEDS = "0,1"  # ... and two seeds: the floor is the PSNR between them
 NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
 PlanOpt = Annotated[
     bool,
@@ -286,10 +288,21 @@ def quantize_eval(
             "--force", help="On CUDA: run even when the plan says a variant does not fit the GPU."
         ),
     ] = False,
+    horizon: Annotated[
+        bool,
+        typer.Option(
+            "--horizon",
+            help=f"The long-horizon preset: --num-chunks {HORIZON_CHUNKS} and --seeds "
+            f"{HORIZON_SEEDS} unless given (two seeds measure the floor); the report's horizon "
+            "section (docs/report.md).",
+        ),
+    ] = False,
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
+    if horizon:
+        flags, inputs = horizon_preset(flags, inputs)
     specs = sweep.specs()
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
@@ -351,6 +364,23 @@ def quantize_eval(
         shows.append(partial(err.print, f"wrote {json_path}", highlight=False))
     for show in shows:  # every file is written: a failure while printing cannot lose a result
         show()
+
+
+def horizon_preset(flags: ModelFlags, inputs: Inputs) -> tuple[ModelFlags, Inputs]:
+    """``--horizon``: a long rollout and two seeds, each unless given. One seed given: a
+    warning (the report has no floor, so no time to divergence)."""
+    from dataclasses import replace
+
+    from jbkv_cli.cli.options import parse_seeds
+
+    flags = replace(flags, num_chunks=flags.num_chunks or HORIZON_CHUNKS)
+    inputs = replace(inputs, seeds=inputs.seeds or HORIZON_SEEDS)
+    if len(parse_seeds(inputs.seeds) or []) < 2:
+        warn(
+            "--horizon with one seed: no floor (two seeds of a prompt measure it), so the "
+            "report gives the still-valid fraction but no time to divergence"
+        )
+    return flags, inputs
 
 
 def _run_vbench(run: RunDir) -> None:
