@@ -334,12 +334,16 @@ class Scoring:
     in its own file like the fidelity scores and made when missing, so a resumed run or
     ``report --score`` completes it:
 
-    - ``metrics/prompt/<variant>/<video>.json``: the model's per-chunk prompt check of the video
-      (``check``: the model's :attr:`~jbkv_cli.models.contract.VideoModel.follows_prompt`; None, as under
-      ``report --score``, which loads no model: not made), the reference's too;
+    - ``metrics/prompt/<variant>/<video>.json``: the model's per-chunk prompt check of the
+      video, the reference's too (``check``: the model's
+      :attr:`~jbkv_cli.models.contract.VideoModel.follows_prompt`; None, as under
+      ``report --score``, which loads no model: none made);
     - ``metrics/floor/<reference>/<video>.json``: a reference video of seed index ``i ≥ 1``
       scored against the reference of the same prompt at index 0, the PSNR two samples of one
       prompt have per chunk (made once both exist).
+
+    A reference's own files are made when its first pair is scored (under torchrun: by rank 0
+    in :meth:`merge`).
 
     Order of work: :meth:`start` queues the pairs this process was dealt, :meth:`add` each video
     it generates; :meth:`score_ready` (called by both) scores every queued pair whose reference
@@ -448,9 +452,15 @@ class Scoring:
             self.score_ready()
 
     def merge(self) -> None:
-        """Rank 0 of a torchrun job, after the ranks met: move shards of older versions."""
+        """Rank 0 of a torchrun job, after the ranks met: move shards of older versions, and
+        make the references' prompt checks and floors still missing (under torchrun only rank 0
+        makes them, so no two ranks write one file)."""
         if distributed.active() and distributed.is_main():
             merge_shards(self.run, "fidelity")
+            run = self.run
+            refs = {video_name(r["prompt"], r["index"]) for r in run.records(run.reference)}
+            for name in sorted(self._reference_todo(refs)):
+                self._score_reference(name, run.load_frames(run.reference, name))
 
     def _ready(self, pair: Pair) -> bool:
         return self.run.is_done(self.run.reference, pair[1])
@@ -459,7 +469,8 @@ class Scoring:
         run = self.run
         if self._ref is None or self._ref[0] != name:
             self._ref = (name, run.load_frames(run.reference, name))
-            self._score_reference(name, self._ref[1], chunk_frames, first)
+            if not distributed.active():  # under torchrun: rank 0 in merge()
+                self._score_reference(name, self._ref[1])
         current = run.read_score_file(run.score_path("fidelity", vid, name))
         frames = None
         if current is None or _stale(current, self.scorer):
@@ -496,11 +507,13 @@ class Scoring:
         entry = {"valid_per_chunk": [bool(v) for v in valid], "chunk_frames": chunk_frames or 1}
         save_scores(run, "prompt", vid, {name: entry})
 
-    def _score_reference(
-        self, name: str, frames: torch.Tensor, chunk_frames: int | None, first: int | None
-    ) -> None:
+    def _score_reference(self, name: str, frames: torch.Tensor) -> None:
         """The reference video's own prompt check and its floor, when missing."""
         run = self.run
+        record = run.record(run.reference, name)
+        if record is None:
+            return
+        chunk_frames, first = _chunks(record, run.manifest.get("settings", {}))
         self._check_prompt(run.reference, name, frames, chunk_frames)
         source = self._floor_source(name)
         path = run.score_path("floor", run.reference, name)

@@ -99,6 +99,15 @@ def _mean_colour(track: _Track, lo: int, hi: int) -> torch.Tensor:
     return (track.colour[lo:hi] * area[:, None]).sum(0) / area.sum().clamp_min(1)
 
 
+def _start(track: _Track, frames_per_chunk: int) -> tuple[float, float]:
+    """How far the centroid advanced by the end of chunk 2 (px along the named direction), and
+    the first chunk's median area (px, at least 1)."""
+    t = track.area.shape[0]
+    first = min(2 * frames_per_chunk, t) - 1
+    advance = float(track.along[first] - track.along[0])
+    return advance, float(track.area[:frames_per_chunk].median().clamp_min(1))
+
+
 def check_video(
     frames: torch.Tensor,
     prompt: str,
@@ -110,9 +119,7 @@ def check_video(
     tr = _track(frames, prompt)
     t = tr.area.shape[0]
     nearest = _nearest(_mean_colour(tr, 0, t))
-    first = min(2 * frames_per_chunk, t) - 1
-    advance = float(tr.along[first] - tr.along[0])
-    ref_area = float(tr.area[:frames_per_chunk].median().clamp_min(1))
+    advance, ref_area = _start(tr, frames_per_chunk)
     ratio = tr.area / ref_area
     chunks = tr.along[: t - t % frames_per_chunk].reshape(-1, frames_per_chunk)
     chunk_path = chunks.diff(dim=1).abs().sum(1)  # zeros for 1-frame chunks
@@ -147,9 +154,8 @@ def check_chunks(
     n = t // frames_per_chunk
     if n == 0:
         return []
-    first = min(2 * frames_per_chunk, t) - 1
-    starts_ok = float(tr.along[first] - tr.along[0]) > 2.0
-    ref_area = float(tr.area[:frames_per_chunk].median().clamp_min(1))
+    advance, ref_area = _start(tr, frames_per_chunk)
+    starts_ok = advance > 2.0
     out = []
     for c in range(n):
         lo, hi = c * frames_per_chunk, (c + 1) * frames_per_chunk
