@@ -175,7 +175,7 @@ def render(report: Report) -> str:
     from jbkv_cli.report.table import to_csv, to_markdown
 
     if report.fmt == "csv":
-        return to_csv(report.rows)
+        return to_csv(report.rows, report.data.get("horizon"))
     if report.fmt == "md":
         md = to_markdown(report.rows) + comparisons_markdown(report.data)
         return md + horizon_markdown(report.data.get("horizon"))

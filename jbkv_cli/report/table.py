@@ -534,7 +534,14 @@ def to_markdown(rows: list[ResultRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: list[ResultRow]) -> str:
+HORIZON_CSV = ("divergence_median", "diverged", "divergence_videos", "still_valid_last")
+
+
+def to_csv(rows: list[ResultRow], horizon: dict[str, Any] | None = None) -> str:
+    """One line per variant; with the report's ``horizon`` section
+    (:mod:`jbkv_cli.report.horizon`) its median divergence chunk, videos diverged and scored
+    for it, and the still-valid fraction at the last chunk (empty where there is none)."""
+    by_vid = {v["variant"]: v for v in (horizon or {}).get("variants", [])}
     buf = io.StringIO()
     fields = [
         "variant",
@@ -556,14 +563,17 @@ def to_csv(rows: list[ResultRow]) -> str:
     writer.writerow(
         fields
         + [f"{m}_{s}" for m in metrics for s in ("mean", "se", "n")]
-        + ["kv_cache_bytes", "videos"]
+        + ["kv_cache_bytes", "videos", *HORIZON_CSV]
     )
     for r in rows:
         vals = [getattr(r, f) for f in fields]
         for m in metrics:
             stat = getattr(r, m)
             vals += [None, None, None] if stat is None else [stat.mean, stat.se, stat.n]
-        writer.writerow([*vals, r.kv_cache_bytes, r.videos])
+        v = by_vid.get(r.variant) or {}
+        div, valid = v.get("divergence") or {}, v.get("still_valid") or [{}]
+        extra = [div.get("median"), div.get("diverged"), div.get("n"), valid[-1].get("fraction")]
+        writer.writerow([*vals, r.kv_cache_bytes, r.videos, *extra])
     return buf.getvalue()
 
 

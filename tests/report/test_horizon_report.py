@@ -13,7 +13,7 @@ import pytest
 
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.report.horizon import horizon_section, still_valid
-from jbkv_cli.report.table import build_rows
+from jbkv_cli.report.table import HORIZON_CSV, build_rows
 from jbkv_cli.run.directory import RunDir
 from tests.installed import run_in_process
 
@@ -155,7 +155,7 @@ def test_the_section_in_every_format(synthetic):
     cwd = synthetic.parent
     out = {
         f: run_in_process("report", synthetic, "--format", f, cwd=cwd)
-        for f in ("table", "md", "json", "html")
+        for f in ("table", "md", "json", "csv", "html")
     }
     for fmt, r in out.items():
         assert r.returncode == 0, (fmt, r.stderr)
@@ -167,6 +167,9 @@ def test_the_section_in_every_format(synthetic):
         assert "diverges later in 3, earlier in 0, tied 1 of 4 videos" in text, fmt
         assert "still valid chunk 5 50% (2/4)" in text, fmt
         assert "chunk 1 +0.62 dB" in text or "chunk 1 +0.63 dB" in text, fmt
+    csv = {line.split(",")[0]: line.split(",")[-4:] for line in out["csv"].stdout.splitlines()}
+    assert csv["variant"] == list(HORIZON_CSV)
+    assert csv[BASE] == ["3", "3", "4", "0.5"] and csv["reference"][:3] == ["", "", ""]
     page = (synthetic / "report" / "index.html").read_text()
     assert "<h2>Long horizon</h2>" in page and 'id="horizon"' in page
     assert "median chunk 3 · 3/4 diverged within 6 chunks" in page
@@ -183,3 +186,50 @@ def test_still_valid_counts_a_video_out_from_its_first_failed_chunk():
     assert [p["fraction"] for p in out] == [1.0, 2 / 3, 0.5]
     assert [p["n"] for p in out] == [3, 3, 2]
     assert still_valid({}) == []
+
+
+@pytest.mark.slow
+def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizon_run, tmp_path):
+    """A run whose prompt check and floor files are gone (or damaged) is completed by scoring
+    (a resumed quantize-eval) without scoring a pair again; without a check (``report
+    --score``, no model) only the floor is made."""
+    from jbkv_cli.run.experiment import Scoring
+
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(horizon_run, run_dir)
+    metrics = run_dir / "metrics"
+    gone = [
+        metrics / "prompt" / BASE / f"{RED}-1.json",
+        metrics / "floor/reference" / f"{RED}-1.json",
+    ]
+    kept = {p: p.read_bytes() for p in gone}
+    for p in gone:
+        p.unlink()
+    (metrics / "prompt" / "reference" / f"{BLUE}-0.json").write_text('{"valid_per_chunk": 3}')
+    fidelity = {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/*/*.json")}
+
+    run = RunDir.open(run_dir)
+    bare = Scoring(run, lpips=False)  # no model: no prompt check
+    bare.start(bare.missing())
+    bare.finish()
+    assert gone[1].read_bytes() == kept[gone[1]] and not gone[0].exists()
+
+    calls = []
+
+    def check(case, frames):
+        calls.append(case.prompt)
+        return [True] * 4
+
+    scoring = Scoring(RunDir.open(run_dir), lpips=False, check=check)
+    pairs = scoring.missing()
+    assert {p[1] for p in pairs} == {f"{RED}-1", f"{BLUE}-0"}
+    scoring.start(pairs)
+    scoring.finish()
+    assert sorted(calls) == [BLUE, RED]  # the missing one and the damaged one, nothing else
+    assert json.loads(gone[0].read_text())["valid_per_chunk"] == [True] * 4
+    assert (
+        json.loads((metrics / "prompt/reference" / f"{BLUE}-0.json").read_text())["chunk_frames"]
+        == 4
+    )
+    assert {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/*/*.json")} == fidelity
+    assert Scoring(RunDir.open(run_dir), lpips=False, check=check).missing() == []
