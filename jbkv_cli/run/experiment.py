@@ -471,7 +471,7 @@ class Scoring:
             self._ref = (name, run.load_frames(run.reference, name))
             if not distributed.active():  # under torchrun: rank 0 in merge()
                 self._score_reference(name, self._ref[1])
-        current = run.read_score_file(run.score_path("fidelity", vid, name))
+        current = self._saved("fidelity", vid, name)
         frames = None
         if current is None or _stale(current, self.scorer):
             frames = run.load_frames(vid, name)
@@ -491,13 +491,18 @@ class Scoring:
         if self._progress:
             self._progress.advance(self._task)
 
+    def _saved(self, kind: str, vid: str, name: str) -> dict[str, Any] | None:
+        """One video's saved entry of ``kind``; None when there is none or it is damaged (one
+        warning: it is made again)."""
+        path = self.run.score_path(kind, vid, name)
+        return self.run.read_score_file(path, kind) if path.exists() else None
+
     def _check_prompt(
         self, vid: str, name: str, frames: torch.Tensor | None, chunk_frames: int | None
     ) -> None:
         """Save the model's prompt check of one video when there is a check and none saved."""
         run = self.run
-        path = run.score_path("prompt", vid, name)
-        if self.check is None or run.read_score_file(path, "prompt") is not None:
+        if self.check is None or self._saved("prompt", vid, name) is not None:
             return
         frames = run.load_frames(vid, name) if frames is None else frames
         record = run.record(vid, name)
@@ -516,8 +521,7 @@ class Scoring:
         chunk_frames, first = _chunks(record, run.manifest.get("settings", {}))
         self._check_prompt(run.reference, name, frames, chunk_frames)
         source = self._floor_source(name)
-        path = run.score_path("floor", run.reference, name)
-        if source is None or run.read_score_file(path, "floor") is not None:
+        if source is None or self._saved("floor", run.reference, name) is not None:
             return
         s = compare_videos(
             run.load_frames(run.reference, source),
