@@ -362,6 +362,7 @@ class Scoring:
         self.scorer, self.status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
         self._pending: list[Pair] = []
         self._ref: tuple[str, torch.Tensor] | None = None  # the last reference decoded
+        self._older: dict[tuple[str, str], dict[str, Any]] = {}  # variants' files of older runs
         self._progress: Progress | None = None
         self._task = None
         self._total = 0
@@ -492,10 +493,15 @@ class Scoring:
             self._progress.advance(self._task)
 
     def _saved(self, kind: str, vid: str, name: str) -> dict[str, Any] | None:
-        """One video's saved entry of ``kind``; None when there is none or it is damaged (one
-        warning: it is made again)."""
+        """One video's saved entry of ``kind`` (its own file, else the variant's file of an older
+        run, read once); None when there is none or it is damaged (one warning: made again)."""
         path = self.run.score_path(kind, vid, name)
-        return self.run.read_score_file(path, kind) if path.exists() else None
+        if path.exists():
+            return self.run.read_score_file(path, kind)
+        if (kind, vid) not in self._older:
+            older = self.run.metrics_path(kind, vid)
+            self._older[kind, vid] = self.run.read_score_map(older, kind=kind)
+        return self._older[kind, vid].get(name)
 
     def _check_prompt(
         self, vid: str, name: str, frames: torch.Tensor | None, chunk_frames: int | None

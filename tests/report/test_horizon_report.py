@@ -191,8 +191,8 @@ def test_still_valid_counts_a_video_out_from_its_first_failed_chunk():
 @pytest.mark.slow
 def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizon_run, tmp_path):
     """A run whose prompt check and floor files are gone (or damaged) is completed by scoring
-    (a resumed quantize-eval) without scoring a pair again; without a check (``report
-    --score``, no model) only the floor is made."""
+    (a resumed quantize-eval) without scoring a pair again (nor one scored in an older run's
+    variant file); without a check (``report --score``, no model) only the floor is made."""
     from jbkv_cli.run.experiment import Scoring
 
     run_dir = tmp_path / "tiny"
@@ -206,7 +206,13 @@ def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizo
     for p in gone:
         p.unlink()
     (metrics / "prompt" / "reference" / f"{BLUE}-0.json").write_text('{"valid_per_chunk": 3}')
-    fidelity = {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/*/*.json")}
+    older = (
+        metrics / "fidelity" / BASE
+    )  # the baseline's scores in one file, as older runs kept them
+    scores = {p.stem: json.loads(p.read_text()) for p in older.glob("*.json")}
+    shutil.rmtree(older)
+    (metrics / "fidelity" / f"{BASE}.json").write_text(json.dumps(scores))
+    fidelity = {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/**/*.json")}
 
     run = RunDir.open(run_dir)
     bare = Scoring(run, lpips=False)  # no model: no prompt check
@@ -231,5 +237,5 @@ def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizo
         json.loads((metrics / "prompt/reference" / f"{BLUE}-0.json").read_text())["chunk_frames"]
         == 4
     )
-    assert {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/*/*.json")} == fidelity
+    assert {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/**/*.json")} == fidelity
     assert Scoring(RunDir.open(run_dir), lpips=False, check=check).missing() == []
