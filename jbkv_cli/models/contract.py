@@ -17,7 +17,7 @@ checks; every other optional member has its default in :class:`VideoModelBase` o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -30,9 +30,14 @@ from jbkv_cli.models.cases import Case
 from jbkv_cli.utils.errors import UsageError
 
 if TYPE_CHECKING:
+    import torch
+
     from jbkv_cli.prune.profile import FrameMassProbe
 
 # --------------------------------------------------------------------------- the adapter object
+
+PromptCheck = Callable[[Case, "torch.Tensor"], list[bool]]
+"""A model's per-chunk prompt check (:attr:`VideoModel.follows_prompt`)."""
 
 
 @runtime_checkable
@@ -45,7 +50,8 @@ class VideoModel(Protocol):
     it; commands also read ``head_dim``, ``num_chunks``, ``chunk_frames``, ``commit_frames``,
     ``window`` and ``tokens_per_chunk`` when present); :meth:`generate`.
 
-    Optional (defaults in :class:`VideoModelBase`): ``pre_rope`` and :meth:`resolve_kv`.
+    Optional (defaults in :class:`VideoModelBase`): ``pre_rope``, :meth:`resolve_kv` and
+    ``follows_prompt``.
     """
 
     name: str
@@ -58,6 +64,13 @@ class VideoModel(Protocol):
         (QuantVideoGen's cache policy and K rule, :mod:`jbkv_cli.quant.qvg_policy`). Default:
         :meth:`KVSpec.for_model` by name, the chunk size unknown."""
         ...
+
+    follows_prompt: PromptCheck | None
+    """``follows_prompt(case, frames)``: per chunk of ``frames`` (uint8 ``[T, H, W, 3]``, a video
+    this model made of ``case``), does the chunk still do what the case asks? A check on the
+    video alone, no reference, so it stays meaningful after the video has diverged from its
+    reference (the report's long-horizon section, ``docs/report.md``). Default None: the model
+    has no such check."""
 
     def generate(
         self,
@@ -86,6 +99,7 @@ class VideoModelBase:
     settings: dict[str, Any]
     pre_rope: bool = False
     profiles_cases: bool = False
+    follows_prompt: PromptCheck | None = None
 
     def resolve_kv(self, kv: KVSpec) -> KVSpec:
         """:meth:`KVSpec.for_model` by name (an adapter that knows its chunk size passes it)."""

@@ -38,7 +38,7 @@ def drift_series(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
         series: dict[str, dict[int, list[float]]] = {m: {} for m in METRICS}
         lengths: Counter[int] = Counter()
         for name, entry in scores.items():
-            chunked = _chunked(entry, records.get(name, {}), settings)
+            chunked = chunked_entry(entry, records.get(name, {}), settings)
             if chunked is None:
                 continue
             first, length, lists = chunked
@@ -65,7 +65,7 @@ def drift_series(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     return {"unit": "frame" if chunk == 1 else "chunk", "chunk_frames": chunk, "variants": variants}
 
 
-def _chunked(
+def chunked_entry(
     entry: dict[str, Any], record: dict[str, Any], settings: dict[str, Any]
 ) -> tuple[int, int, dict[str, list[float]]] | None:
     """(first chunk, chunk length, per-chunk lists) of one stored fidelity entry."""

@@ -35,6 +35,7 @@ from jbkv_cli import __version__
 from jbkv_cli.metrics.paired import describe
 from jbkv_cli.report.comparisons import LEGEND, TABLE_COLUMNS, comparison_table
 from jbkv_cli.report.drift import drift_series
+from jbkv_cli.report.horizon import delay_text, divergence_text, marks
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.report.table import format_stat, lpips_note, megabytes, table_cells
 from jbkv_cli.run.directory import RunDir, video_name
@@ -105,6 +106,7 @@ def render_page(run: RunDir, data: dict[str, Any], out_dir: Path) -> str:
         _figures(out_dir),
         "<h2>Drift over time</h2>",
         _drift(drift),
+        horizon_html(data.get("horizon")),
         "<h2>Videos</h2>",
         '<p class="meta">One control per prompt and seed plays, pauses and scrubs every video of '
         "the row in step (the first video is the clock). Scores: this video against its "
@@ -393,6 +395,65 @@ def _drift(drift: dict[str, Any]) -> str:
             + "</tbody></table></details>"
         )
     return "\n".join(parts)
+
+
+def horizon_html(section: dict[str, Any] | None) -> str:
+    """The long-horizon section (:mod:`jbkv_cli.report.horizon`): per variant the time to
+    divergence and the still-valid fraction, per correction the delay test and the paired gain
+    per chunk with its 95% CI; "" when the run stored none of it."""
+    if not section:
+        return ""
+    floor = section["floor"]
+    meta = (
+        f"Floor {floor['db']:.2f} dB: PSNR between the reference videos of two seeds of one "
+        f"prompt (mean over {len(floor['by_prompt'])} prompts; each prompt's own is used). A "
+        "video diverges at the first chunk whose PSNR against its reference falls below halfway "
+        "from the first chunk's PSNR (of the uncorrected variant of the same format) to its "
+        "prompt's floor; a video that never does is censored. Median with its 95% "
+        "order-statistic interval (≥ H: censored)."
+        if floor["db"] is not None
+        else f"{floor['note']}."
+    )
+    marks_ = sorted({c for v in section["variants"] for c in marks(len(v["still_valid"] or []))})
+    head = "".join(f'<th scope="col">still valid, chunk {c}</th>' for c in marks_)
+    body = []
+    for v in section["variants"]:
+        at = {p["chunk"]: p for p in v["still_valid"] or []}
+        cells = [divergence_text(v["divergence"])]
+        cells += [
+            f"{at[c]['fraction']:.0%} ({at[c]['valid']}/{at[c]['n']})" if c in at else "—"
+            for c in marks_
+        ]
+        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
+        body.append(f'<tr><td class="text">{_bdi(v["label"])}</td>{tds}</tr>')
+    parts = [
+        "<h2>Long horizon</h2>",
+        f'<p class="meta">{_e(meta)} Still valid at chunk c: the share of videos whose '
+        "model's own prompt check passed at every chunk up to c (it needs no reference).</p>",
+        '<table class="sortable" id="horizon"><thead><tr><th class="text">variant</th>'
+        f'<th scope="col">time to divergence</th>{head}</tr></thead>\n<tbody>'
+        + "".join(body)
+        + "</tbody></table>",
+    ]
+    for d in section["delays"]:
+        gains = d["gain_per_chunk"]
+        chunks = "".join(f"<th>chunk {g['chunk']}</th>" for g in gains)
+        cells = "".join(_gain_cell(g) for g in gains)
+        parts.append(
+            f"<p>{_bdi(d['label'])} vs {_bdi(d['baseline_label'])}: {_e(delay_text(d, False))}</p>"
+            f"<details><summary>paired PSNR gain per chunk (dB, 95% CI, videos whose baseline "
+            f'has not diverged)</summary><table class="drift"><thead><tr>{chunks}</tr>'
+            f"</thead><tbody><tr>{cells}</tr></tbody></table></details>"
+        )
+    return "\n".join(parts)
+
+
+def _gain_cell(g: dict[str, Any]) -> str:
+    if not g.get("n"):
+        return "<td>—</td>"
+    ci = g.get("ci95")
+    ci_text = f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else ""
+    return f"<td>{g['mean']:+.2f}{_e(ci_text)} n {g['n']}</td>"
 
 
 def _drift_cell(point: dict[str, Any] | None, digits: int) -> str:

@@ -160,7 +160,7 @@ def _llm_report(r: ReportRequest) -> Report:
 
 def render(report: Report) -> str:
     """The text of ``report`` in its format, for stdout (``table`` is the command's Rich table:
-    not here). md: the table and the paired comparisons; json: the result; csv: one row per
+    not here). md: the table, the paired comparisons and the horizon section; json: the result; csv: one row per
     variant; html: the page's path."""
     if report.fmt == "json":
         return json.dumps(report.data, indent=2) + "\n"
@@ -171,10 +171,12 @@ def render(report: Report) -> str:
 
         return llm_markdown(report.rows)
     from jbkv_cli.report.comparisons import comparisons_markdown
+    from jbkv_cli.report.horizon import horizon_markdown
     from jbkv_cli.report.table import to_csv, to_markdown
 
     if report.fmt == "csv":
-        return to_csv(report.rows)
+        return to_csv(report.rows, report.data.get("horizon"))
     if report.fmt == "md":
-        return to_markdown(report.rows) + comparisons_markdown(report.data)
+        md = to_markdown(report.rows) + comparisons_markdown(report.data)
+        return md + horizon_markdown(report.data.get("horizon"))
     raise ValueError(f"no text rendering for format {report.fmt!r}")

@@ -4,13 +4,16 @@
   each series' Pareto front drawn, the overall front circled (:mod:`jbkv_cli.report.frontier`).
 - ``delta_ps_hist.png``: per-query ΔP_S, uncorrected vs corrected (INT2 when present).
 - ``frames.png``: reference / INT4 / INT2 / INT2+correction at a few time points.
-- ``drift.png``: PSNR and SSIM per chunk, per variant, mean ± SE over videos (drift over time).
+- ``drift.png``: PSNR and SSIM per chunk, per variant, mean ± SE over videos (drift over time);
+  with the long-horizon data (:mod:`jbkv_cli.report.horizon`) also the floor, each variant's
+  median divergence chunk and each correction's paired gain per chunk with its 95% CI.
 - ``attention_error.png``: ΔP_S and the bias share per layer × denoising step (one variant).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,6 +24,7 @@ import torch
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.report.drift import drift_series
 from jbkv_cli.report.frontier import METRICS, frontier_points, pareto_front
+from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import error_grid
 from jbkv_cli.report.results import ResultRow
 from jbkv_cli.run.directory import RunDir, video_name
@@ -186,12 +190,15 @@ def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
     if not drift["variants"]:
         return None
     unit = drift["unit"]
-    fig, axes = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    horizon = horizon_section(run, rows) if unit == "chunk" else None
+    gains = [d for d in (horizon or {}).get("delays", []) if d["gain_per_chunk"]]
+    panels = 3 if gains else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(7, 3 * panels), sharex=True)
     capped_any = False
     for i, v in enumerate(drift["variants"]):
         color = f"C{i % 10}"
         style = "--" if v["corrected"] else "-"
-        for ax, metric in zip(axes, ("psnr", "ssim"), strict=True):
+        for ax, metric in zip(axes[:2], ("psnr", "ssim"), strict=True):
             pts = v[metric]
             x = [p["chunk"] for p in pts]
             y = [p["mean"] for p in pts]
@@ -215,15 +222,59 @@ def drift_plot(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:
             fontsize=8,
             loc="right",
         )
+    if horizon:
+        _horizon_marks(axes, drift, horizon, gains)
     axes[0].set_ylabel("PSNR vs reference (dB)")
     axes[1].set_ylabel("SSIM vs reference")
     per = f"chunk ({drift['chunk_frames']} frames)" if unit == "chunk" else "frame"
-    axes[1].set_xlabel(f"{per}; mean ± SE over videos")
+    axes[-1].set_xlabel(f"{per}; mean ± SE over videos" + ("; gain: 95% CI" if gains else ""))
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, ncol=2)
     fig.suptitle("Drift over time", fontsize=10)
     return save_figure(fig, path)
+
+
+def _horizon_marks(axes, drift: dict[str, Any], horizon: dict[str, Any], gains: list) -> None:
+    """The long-horizon parts of the drift figure (:mod:`jbkv_cli.report.horizon`): the floor
+    (reference vs reference, mean ± SE per chunk) as a gray band, each variant's median
+    divergence chunk as a dotted vertical line, and (third panel) each correction's paired PSNR
+    gain per chunk with its 95% CI band, over the videos whose baseline has not diverged."""
+    floor = [p for p in horizon["floor"]["per_chunk"] if p["mean"] is not None]
+    if floor:
+        x = [p["chunk"] for p in floor]
+        y = [p["mean"] for p in floor]
+        e = [p["se"] or 0.0 for p in floor]
+        axes[0].plot(x, y, ":", color="gray", label="floor: reference vs reference")
+        lo = [a - b for a, b in zip(y, e, strict=True)]
+        hi = [a + b for a, b in zip(y, e, strict=True)]
+        axes[0].fill_between(x, lo, hi, color="gray", alpha=0.2, linewidth=0)
+    colour = {v["variant"]: f"C{i % 10}" for i, v in enumerate(drift["variants"])}
+    for v in horizon["variants"]:
+        median = (v.get("divergence") or {}).get("median")
+        if median is not None and v["variant"] in colour:
+            for ax in axes[:2]:
+                ax.axvline(median, color=colour[v["variant"]], linestyle=":", linewidth=1)
+    if not gains:
+        return
+    ax = axes[2]
+    for d in gains:
+        pts = [g for g in d["gain_per_chunk"] if g.get("ci95")]
+        if not pts:
+            continue
+        x = [g["chunk"] for g in pts]
+        y = [g["mean"] for g in pts]
+        color = colour.get(d["variant"], "C0")
+        ax.plot(x, y, "--", color=color, marker="o", markersize=3, label=d["label"])
+        lo = [g["ci95"][0] for g in pts]
+        hi = [g["ci95"][1] for g in pts]
+        ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_ylabel("PSNR gain vs uncorrected (dB)")
+    ax.set_title("paired, over videos whose baseline has not diverged", fontsize=8, loc="right")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def attention_error_heatmap(run: RunDir, rows: list[ResultRow], path: Path) -> Path | None:

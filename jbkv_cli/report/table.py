@@ -23,6 +23,7 @@ from jbkv_cli.metrics.paired import paired_summary, with_holm
 from jbkv_cli.report.comparisons import Scores, method_comparisons, reference_comparisons
 from jbkv_cli.report.fit import print_fitted
 from jbkv_cli.report.frontier import frontiers
+from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import bias_share_by_layer, memory_fields
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.run.directory import RunDir, video_name
@@ -533,7 +534,14 @@ def to_markdown(rows: list[ResultRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_csv(rows: list[ResultRow]) -> str:
+HORIZON_CSV = ("divergence_median", "diverged", "divergence_videos", "still_valid_last")
+
+
+def to_csv(rows: list[ResultRow], horizon: dict[str, Any] | None = None) -> str:
+    """One line per variant; with the report's ``horizon`` section
+    (:mod:`jbkv_cli.report.horizon`) its median divergence chunk, videos diverged and scored
+    for it, and the still-valid fraction at the last chunk (empty where there is none)."""
+    by_vid = {v["variant"]: v for v in (horizon or {}).get("variants", [])}
     buf = io.StringIO()
     fields = [
         "variant",
@@ -555,14 +563,17 @@ def to_csv(rows: list[ResultRow]) -> str:
     writer.writerow(
         fields
         + [f"{m}_{s}" for m in metrics for s in ("mean", "se", "n")]
-        + ["kv_cache_bytes", "videos"]
+        + ["kv_cache_bytes", "videos", *HORIZON_CSV]
     )
     for r in rows:
         vals = [getattr(r, f) for f in fields]
         for m in metrics:
             stat = getattr(r, m)
             vals += [None, None, None] if stat is None else [stat.mean, stat.se, stat.n]
-        writer.writerow([*vals, r.kv_cache_bytes, r.videos])
+        v = by_vid.get(r.variant) or {}
+        div, valid = v.get("divergence") or {}, v.get("still_valid") or [{}]
+        extra = [div.get("median"), div.get("diverged"), div.get("n"), valid[-1].get("fraction")]
+        writer.writerow([*vals, r.kv_cache_bytes, r.videos, *extra])
     return buf.getvalue()
 
 
@@ -572,7 +583,9 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
     ``videos``: the (prompt, seed) pairs of the reference videos, sorted. ``pareto``: per
     frontier metric, the variants on the storage–quality Pareto front (:mod:`jbkv_cli.report.frontier`).
     ``correction_gains``, ``method_comparisons``, ``reference_comparisons``: the paired
-    comparisons with their statistics (:mod:`jbkv_cli.report.comparisons`).
+    comparisons with their statistics (:mod:`jbkv_cli.report.comparisons`). ``horizon``: time
+    to divergence, the still-valid fraction and the gain up to divergence
+    (:mod:`jbkv_cli.report.horizon`; None when the run stored none of what it reads).
     """
     scores = Scores(run)
     videos = sorted({(r["prompt"], r["seed"]) for r in run.records(run.reference)})
@@ -587,4 +600,5 @@ def to_json(run: RunDir, rows: list[ResultRow]) -> dict[str, Any]:
         "method_comparisons": method_comparisons(rows, scores),
         "reference_comparisons": reference_comparisons(run, rows),
         "pareto": frontiers(rows),
+        "horizon": horizon_section(run, rows),
     }

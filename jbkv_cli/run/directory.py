@@ -49,7 +49,7 @@ from jbkv_cli.kvcache.spec import LEGACY_REFERENCE_ID, REFERENCE_ID, KVSpec
 from jbkv_cli.models.base import Video
 from jbkv_cli.models.cases import Case
 from jbkv_cli.run.fingerprints import Fingerprint, case_change, case_digests, change
-from jbkv_cli.run.schema import manifest_problem, record_problem, score_problem
+from jbkv_cli.run.schema import SCORE_CHECKS, manifest_problem, record_problem
 from jbkv_cli.utils.atomic import (
     check_writable_dir,
     is_temp,
@@ -376,6 +376,12 @@ class RunDir:
         frames, _ = read_video(self.paths(vid, name)["lossless"])
         return frames
 
+    def record(self, vid: str, name: str) -> dict[str, Any] | None:
+        """The record of one finished video, or None (missing or damaged: :meth:`is_done`)."""
+        return (
+            self._load_record(self.paths(vid, name)["record"]) if self.is_done(vid, name) else None
+        )
+
     def records(self, vid: str) -> list[dict[str, Any]]:
         """Records of the finished videos of one variant, in file-name order (damaged ones
         left out, with a warning: see :meth:`is_done`)."""
@@ -441,28 +447,30 @@ class RunDir:
         folder = self.root / "metrics" / kind / vid
         files = sorted(folder.glob("*.json")) if folder.is_dir() else []
         files = [p for p in files if not p.name.startswith(".")]
-        out = self.read_score_map(self.metrics_path(kind, vid), skip={p.stem for p in files})
+        skip = {p.stem for p in files}
+        out = self.read_score_map(self.metrics_path(kind, vid), skip=skip, kind=kind)
         for path in files:
-            entry = self.read_score_file(path)
+            entry = self.read_score_file(path, kind)
             if entry is not None:
                 out[path.stem] = entry
         return out
 
-    def read_score_file(self, path: Path) -> dict[str, Any] | None:
-        """One video's scores from ``path``, or None (one warning) when it is damaged."""
+    def read_score_file(self, path: Path, kind: str = "fidelity") -> dict[str, Any] | None:
+        """One video's scores of ``kind`` from ``path``, or None (one warning) when it is
+        damaged (:data:`~jbkv_cli.run.schema.SCORE_CHECKS`)."""
         try:
             entry = _read_json(path)
         except JbkvError as exc:
             self._warn_once(path, f"{exc}; {self._rescored}", prefix=False)
             return None
-        problem = score_problem(entry)
+        problem = SCORE_CHECKS[kind](entry)
         if problem:
             self._warn_once(path, f"{problem}; {self._rescored}")
             return None
         return entry
 
     def read_score_map(
-        self, path: Path, skip: set[str] | frozenset = frozenset()
+        self, path: Path, skip: set[str] | frozenset = frozenset(), kind: str = "fidelity"
     ) -> dict[str, Any]:
         """Video name -> scores from a file holding many (a variant's file of older runs, or a
         rank's shard): damaged entries, or a damaged file, left out with one warning; entries
@@ -483,7 +491,7 @@ class RunDir:
         for name, entry in data.items():
             if name in skip:
                 continue
-            problem = score_problem(entry)
+            problem = SCORE_CHECKS[kind](entry)
             if problem:
                 bad.append((name, problem))
             else:

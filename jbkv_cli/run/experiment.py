@@ -25,7 +25,7 @@ from jbkv_cli.metrics.chunks import chunk_frames_of, first_chunk_frames_of
 from jbkv_cli.metrics.fidelity import compare_videos
 from jbkv_cli.metrics.perceptual import try_load_lpips
 from jbkv_cli.models.cases import Case
-from jbkv_cli.models.contract import CasePlanner, VideoModel
+from jbkv_cli.models.contract import CasePlanner, PromptCheck, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.run.ablations import ABLATIONS
@@ -330,6 +330,21 @@ class Scoring:
     """Paired PSNR/SSIM/LPIPS of a run's videos against the reference of the same prompt and
     seed, each scored as soon as both videos exist.
 
+    Beside each pair, what the long-horizon report reads (:mod:`jbkv_cli.report.horizon`), each
+    in its own file like the fidelity scores and made when missing, so a resumed run or
+    ``report --score`` completes it:
+
+    - ``metrics/prompt/<variant>/<video>.json``: the model's per-chunk prompt check of the
+      video, the reference's too (``check``: the model's
+      :attr:`~jbkv_cli.models.contract.VideoModel.follows_prompt`; None, as under
+      ``report --score``, which loads no model: none made);
+    - ``metrics/floor/<reference>/<video>.json``: a reference video of seed index ``i ≥ 1``
+      scored against the reference of the same prompt at index 0, the PSNR two samples of one
+      prompt have per chunk (made once both exist).
+
+    A reference's own files are made when its first pair is scored (under torchrun: by rank 0
+    in :meth:`merge`).
+
     Order of work: :meth:`start` queues the pairs this process was dealt, :meth:`add` each video
     it generates; :meth:`score_ready` (called by both) scores every queued pair whose reference
     is done and never waits; :meth:`finish` waits for the references still missing (made by
@@ -339,11 +354,15 @@ class Scoring:
     video being scored, which the next run scores.
     """
 
-    def __init__(self, run: RunDir, *, lpips: bool = True) -> None:
+    def __init__(
+        self, run: RunDir, *, lpips: bool = True, check: PromptCheck | None = None
+    ) -> None:
         self.run = run
+        self.check = check
         self.scorer, self.status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
         self._pending: list[Pair] = []
         self._ref: tuple[str, torch.Tensor] | None = None  # the last reference decoded
+        self._older: dict[tuple[str, str], dict[str, Any]] = {}  # variants' files of older runs
         self._progress: Progress | None = None
         self._task = None
         self._total = 0
@@ -358,16 +377,43 @@ class Scoring:
         refs = {video_name(r["prompt"], r["index"]) for r in run.records(reference)}
         refs |= set(planned)
         settings = run.manifest.get("settings", {})
+        ref_todo = self._reference_todo(refs)
         todo = []
         for vid in run.variants():
             if vid == reference:
                 continue
             done = run.read_metrics("fidelity", vid)
+            checked = run.read_metrics("prompt", vid) if self.check else {}
             for rec in run.records(vid):
                 name = video_name(rec["prompt"], rec["index"])
-                if name in refs and (name not in done or _stale(done[name], self.scorer)):
+                stale = name not in done or _stale(done[name], self.scorer)
+                unchecked = self.check is not None and name not in checked
+                if name in refs and (stale or unchecked or name in ref_todo):
                     todo.append((vid, name, *_chunks(rec, settings)))
         return todo
+
+    def _reference_todo(self, refs: set[str]) -> set[str]:
+        """Reference videos whose prompt check or floor is missing (and can be made)."""
+        run = self.run
+        reference = run.reference
+        checked = run.read_metrics("prompt", reference) if self.check else {}
+        floors = run.read_metrics("floor", reference)
+        return {
+            name
+            for name in refs
+            if (self.check is not None and name not in checked)
+            or (name not in floors and self._floor_source(name) is not None)
+        }
+
+    def _floor_source(self, name: str) -> str | None:
+        """The reference video ``name``'s floor is measured against: the same prompt at seed
+        index 0, when ``name`` is of a later index and that video is done; else None."""
+        run = self.run
+        rec = run.record(run.reference, name)
+        if rec is None or rec["index"] == 0:
+            return None
+        first = video_name(rec["prompt"], 0)
+        return first if run.is_done(run.reference, first) else None
 
     def start(self, pairs: list[Pair], progress: Progress | None = None) -> None:
         """Queue ``pairs`` (this process's share) and score those that are ready."""
@@ -407,9 +453,15 @@ class Scoring:
             self.score_ready()
 
     def merge(self) -> None:
-        """Rank 0 of a torchrun job, after the ranks met: move shards of older versions."""
+        """Rank 0 of a torchrun job, after the ranks met: move shards of older versions, and
+        make the references' prompt checks and floors still missing (under torchrun only rank 0
+        makes them, so no two ranks write one file)."""
         if distributed.active() and distributed.is_main():
             merge_shards(self.run, "fidelity")
+            run = self.run
+            refs = {video_name(r["prompt"], r["index"]) for r in run.records(run.reference)}
+            for name in sorted(self._reference_todo(refs)):
+                self._score_reference(name, run.load_frames(run.reference, name))
 
     def _ready(self, pair: Pair) -> bool:
         return self.run.is_done(self.run.reference, pair[1])
@@ -418,20 +470,76 @@ class Scoring:
         run = self.run
         if self._ref is None or self._ref[0] != name:
             self._ref = (name, run.load_frames(run.reference, name))
+            if not distributed.active():  # under torchrun: rank 0 in merge()
+                self._score_reference(name, self._ref[1])
+        current = self._saved("fidelity", vid, name)
+        frames = None
+        if current is None or _stale(current, self.scorer):
+            frames = run.load_frames(vid, name)
+            s = compare_videos(
+                self._ref[1],
+                frames,
+                0,
+                self.scorer,
+                name=name,
+                chunk_frames=chunk_frames,
+                first_chunk_frames=first,
+            )
+            entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
+            save_scores(run, "fidelity", vid, {name: entry})
+        self._check_prompt(vid, name, frames, chunk_frames)
+        distributed.beat()
+        if self._progress:
+            self._progress.advance(self._task)
+
+    def _saved(self, kind: str, vid: str, name: str) -> dict[str, Any] | None:
+        """One video's saved entry of ``kind`` (its own file, else the variant's file of an older
+        run, read once); None when there is none or it is damaged (one warning: made again)."""
+        path = self.run.score_path(kind, vid, name)
+        if path.exists():
+            return self.run.read_score_file(path, kind)
+        if (kind, vid) not in self._older:
+            older = self.run.metrics_path(kind, vid)
+            self._older[kind, vid] = self.run.read_score_map(older, kind=kind)
+        return self._older[kind, vid].get(name)
+
+    def _check_prompt(
+        self, vid: str, name: str, frames: torch.Tensor | None, chunk_frames: int | None
+    ) -> None:
+        """Save the model's prompt check of one video when there is a check and none saved."""
+        run = self.run
+        if self.check is None or self._saved("prompt", vid, name) is not None:
+            return
+        frames = run.load_frames(vid, name) if frames is None else frames
+        record = run.record(vid, name)
+        if record is None:
+            return
+        valid = self.check(run.case(record["prompt"]), frames)
+        entry = {"valid_per_chunk": [bool(v) for v in valid], "chunk_frames": chunk_frames or 1}
+        save_scores(run, "prompt", vid, {name: entry})
+
+    def _score_reference(self, name: str, frames: torch.Tensor) -> None:
+        """The reference video's own prompt check and its floor, when missing."""
+        run = self.run
+        record = run.record(run.reference, name)
+        if record is None:
+            return
+        chunk_frames, first = _chunks(record, run.manifest.get("settings", {}))
+        self._check_prompt(run.reference, name, frames, chunk_frames)
+        source = self._floor_source(name)
+        if source is None or self._saved("floor", run.reference, name) is not None:
+            return
         s = compare_videos(
-            self._ref[1],
-            run.load_frames(vid, name),
+            run.load_frames(run.reference, source),
+            frames,
             0,
-            self.scorer,
+            None,
             name=name,
             chunk_frames=chunk_frames,
             first_chunk_frames=first,
         )
-        entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
-        save_scores(run, "fidelity", vid, {name: entry})
-        distributed.beat()
-        if self._progress:
-            self._progress.advance(self._task)
+        entry = s.to_dict(per_frame=False) | {"against": source}
+        save_scores(run, "floor", run.reference, {name: entry})
 
 
 def score_fidelity(run: RunDir, *, lpips: bool = True, show_progress: bool = True) -> str:

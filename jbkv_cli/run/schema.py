@@ -300,6 +300,40 @@ def score_problem(entry: Any) -> str | None:
     return None
 
 
+def prompt_problem(entry: Any) -> str | None:
+    """Why ``entry`` is not one video's prompt check (``metrics/prompt/…``), or None: a
+    ``valid_per_chunk`` list of booleans (the model's
+    :meth:`~jbkv_cli.models.contract.VideoModel.follows_prompt`) and its ``chunk_frames``."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    valid = entry.get("valid_per_chunk")
+    if not (
+        isinstance(valid, list) and len(valid) <= MAX_COUNT and all(type(v) is bool for v in valid)
+    ):
+        return _bad("valid_per_chunk", "a list of true/false", valid)
+    frames = entry.get("chunk_frames")
+    if not _integer(frames, 1, MAX_COUNT):
+        return _bad("chunk_frames", f"an integer in [1, {MAX_COUNT}]", frames)
+    return None
+
+
+def floor_problem(entry: Any) -> str | None:
+    """Why ``entry`` is not one reference video's floor (``metrics/floor/…``: its fidelity
+    score against the reference of the same prompt at the first seed), or None."""
+    problem = score_problem(entry)
+    if problem:
+        return problem
+    if not isinstance(entry.get("against"), str):
+        return _bad("against", "a video name", entry.get("against"))
+    if not isinstance(entry.get("psnr_per_chunk"), list):
+        return _bad("psnr_per_chunk", "a list of numbers", entry.get("psnr_per_chunk"))
+    return None
+
+
+SCORE_CHECKS = {"fidelity": score_problem, "prompt": prompt_problem, "floor": floor_problem}
+"""Per kind of score (``metrics/<kind>/…``): its check."""
+
+
 # --- VBench results ------------------------------------------------------------------------------
 
 _TOTALS = ("quality", "semantic", "total")

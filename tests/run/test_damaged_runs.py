@@ -57,6 +57,8 @@ TARGETS = (
     f"videos/{INT2}/{NAME}.json",
     f"metrics/fidelity/{INT2}/{NAME}.json",
     f"metrics/fidelity/{LEGACY}.json",
+    f"metrics/prompt/{INT2}/{NAME}.json",
+    f"metrics/floor/reference/{NAME}.json",  # written by ``sample`` (tiny_run has one seed)
     "metrics/vbench.json",
 )
 
@@ -79,6 +81,10 @@ def sample(tiny_run, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
     shutil.copytree(tiny_run, run)
     _with_legacy_scores(run)
     (run / "metrics" / "vbench.json").write_text(json.dumps(VBENCH))
+    floor = json.loads((run / "metrics" / "fidelity" / INT2 / f"{NAME}.json").read_text())
+    (run / "metrics" / "floor" / "reference").mkdir(parents=True)
+    floor_entry = {**floor, "against": NAME}  # a floor's shape (its values do not matter here)
+    (run / "metrics" / "floor" / "reference" / f"{NAME}.json").write_text(json.dumps(floor_entry))
     opened = RunDir.open(run)
     return run, to_json(opened, build_rows(opened))
 
@@ -236,6 +242,9 @@ DAMAGE = [
     ("score", {"psnr": "x"}, "'psnr' is not a number in [0, 100] (got 'x')"),
     ("score", {"psnr": 1e308}, "'psnr' is not a number in [0, 100] (got 1e+308)"),
     ("score", {"psnr_per_chunk": "abc"}, "'psnr_per_chunk' is not a list of numbers"),
+    ("prompt", {"valid_per_chunk": "abc"}, "'valid_per_chunk' is not a list of true/false"),
+    ("prompt", {"valid_per_chunk": [1, 0]}, "'valid_per_chunk' is not a list of true/false"),
+    ("prompt", {"chunk_frames": 0}, "'chunk_frames' is not an integer in [1, "),
     ("record", {"frames": "abc"}, "'frames' is not a list of 4 frame dimensions (got 'abc')"),
     ("record", {"kv_cache_bytes": 1e308}, "'kv_cache_bytes' is not a byte count"),
     ("record", {"delta_ps_samples": [1e308]}, "'delta_ps_samples' is not a list of numbers"),
@@ -243,8 +252,9 @@ DAMAGE = [
 
 
 def _damaged_file(run: Path, which: str) -> Path:
-    if which == "score":
-        return run / "metrics" / "fidelity" / INT2 / f"{NAME}.json"
+    if which in ("score", "prompt"):
+        kind = "fidelity" if which == "score" else "prompt"
+        return run / "metrics" / kind / INT2 / f"{NAME}.json"
     return run / "videos" / INT2 / f"{NAME}.json"
 
 
@@ -263,9 +273,15 @@ def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, 
         expected = "not finished" if which == "record" else "scored again"
         assert expected in damaged[0]
     table = run_in_process("report", copied, "--format", "json", cwd=copied.parent)
-    row = next(r for r in json.loads(table.stdout)["rows"] if r["variant"] == INT2)
+    data = json.loads(table.stdout)
+    row = next(r for r in data["rows"] if r["variant"] == INT2)
     assert row["videos"] == (1 if which == "record" else 2)
-    assert row["psnr"]["n"] == 1  # the damaged score, or the unfinished video's, is left out
+    # the damaged score, or the unfinished video's, is left out; a damaged prompt check leaves
+    # the scores and drops the video from the still-valid fraction
+    assert row["psnr"]["n"] == (2 if which == "prompt" else 1)
+    if which == "prompt":
+        horizon = next(v for v in data["horizon"]["variants"] if v["variant"] == INT2)
+        assert horizon["still_valid"][0]["n"] == 1
 
 
 def test_a_fifo_in_place_of_a_record_or_a_score_is_named_not_read(copied):

@@ -43,6 +43,8 @@ if TYPE_CHECKING:  # torch: the commands import the library once their options a
     from jbkv_cli.report.results import ResultRow
     from jbkv_cli.run.directory import RunDir
 
+HORIZON_CHUNKS = 64  # --horizon: the rollout, 8 times the embedded model's default
+HORIZON_SEEDS = "0,1"  # ... and two seeds: the floor is the PSNR between them
 NO_LAYOUT = "its adapter states no head_layout() (models/contract.py: PrunableModel)"
 PlanOpt = Annotated[
     bool,
@@ -286,10 +288,21 @@ def quantize_eval(
             "--force", help="On CUDA: run even when the plan says a variant does not fit the GPU."
         ),
     ] = False,
+    horizon: Annotated[
+        bool,
+        typer.Option(
+            "--horizon",
+            help=f"The long-horizon preset: --num-chunks {HORIZON_CHUNKS} and --seeds "
+            f"{HORIZON_SEEDS} unless given (two seeds measure the floor); the report's horizon "
+            "section (docs/report.md).",
+        ),
+    ] = False,
     flags: ModelFlags = ModelFlags(),
 ) -> None:
     """The main job: reference + INT2/INT4 x corrections x quantizers, identical seeds, metrics,
     diagnostics, then the table. With no arguments it runs on the embedded model."""
+    if horizon:
+        flags, inputs = horizon_preset(flags, inputs)
     specs = sweep.specs()
     names = list(dict.fromkeys(models or [DEFAULT_MODEL]))
     for name in names:
@@ -334,7 +347,9 @@ def quantize_eval(
         _warn_noops(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings, files[name])
-        scoring = Scoring(run, lpips=lpips)  # each video is scored as soon as it is made
+        # each video is scored as soon as it is made, and checked against its prompt (when
+        # the model has a check: the long-horizon report's still-valid fraction)
+        scoring = Scoring(run, lpips=lpips, check=m.follows_prompt)
         summary = generate_all(m, run, model_specs, items, scoring=scoring)
         shows.append(partial(_summary_line, summary, run))
         if vbench:
@@ -349,6 +364,23 @@ def quantize_eval(
         shows.append(partial(err.print, f"wrote {json_path}", highlight=False))
     for show in shows:  # every file is written: a failure while printing cannot lose a result
         show()
+
+
+def horizon_preset(flags: ModelFlags, inputs: Inputs) -> tuple[ModelFlags, Inputs]:
+    """``--horizon``: a long rollout and two seeds, each unless given. One seed given: a
+    warning (the report has no floor, so no time to divergence)."""
+    from dataclasses import replace
+
+    from jbkv_cli.cli.options import parse_seeds
+
+    flags = replace(flags, num_chunks=flags.num_chunks or HORIZON_CHUNKS)
+    inputs = replace(inputs, seeds=inputs.seeds or HORIZON_SEEDS)
+    if len(parse_seeds(inputs.seeds) or []) < 2:
+        warn(
+            "--horizon with one seed: no floor (two seeds of a prompt measure it), so the "
+            "report gives the still-valid fraction but no time to divergence"
+        )
+    return flags, inputs
 
 
 def _run_vbench(run: RunDir) -> None:
@@ -366,6 +398,7 @@ def _write_report(
     data and the function that prints it (the table, the gains, the files written). Files
     first, so a failure while printing never loses what was computed."""
     from jbkv_cli.report.comparisons import comparisons_markdown
+    from jbkv_cli.report.horizon import horizon_markdown
     from jbkv_cli.report.html import write_html_report
     from jbkv_cli.report.table import build_rows, to_json, to_markdown
 
@@ -373,7 +406,8 @@ def _write_report(
     data = to_json(run, rows)
     report_dir = run.root / "report"
     write_text_atomic(report_dir / "results.json", json.dumps(data, indent=2) + "\n")
-    write_text_atomic(report_dir / "table.md", to_markdown(rows) + comparisons_markdown(data))
+    md = to_markdown(rows) + comparisons_markdown(data) + horizon_markdown(data.get("horizon"))
+    write_text_atomic(report_dir / "table.md", md)
     made = []
     if plots:
         from jbkv_cli.report.plots import make_plots
@@ -423,10 +457,12 @@ def _print_report(
 
 
 def print_comparisons(data: dict[str, Any]) -> None:
-    """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`)."""
+    """The paired comparisons under the table (:func:`jbkv_cli.report.comparisons.comparison_lines`),
+    then the horizon section (:func:`jbkv_cli.report.horizon.horizon_lines`)."""
     from jbkv_cli.report.comparisons import comparison_lines
+    from jbkv_cli.report.horizon import horizon_lines
 
-    for line in comparison_lines(data):
+    for line in comparison_lines(data) + horizon_lines(data.get("horizon")):
         out.print(plain(f"  {line}"), highlight=False, soft_wrap=True)
 
 

@@ -96,6 +96,14 @@ class TinyVideoModel(VideoModelBase):
             info["kv_cache_bytes_by_head"] = bytes_by_head
         return Video(frames, FPS, out.facts["kv_cache_bytes"], info)
 
+    def follows_prompt(self, case: Case, frames: torch.Tensor) -> list[bool]:
+        """Per chunk: :func:`~jbkv_cli.models.tiny.check.check_chunks` (colour, shape kept,
+        still moving on its axis) against the case's prompt."""
+        from jbkv_cli.models.tiny.check import check_chunks
+
+        fpc = self.model.cfg.frames_per_chunk
+        return check_chunks(frames, text_case(case, self.name).prompt, fpc)
+
     def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""
         return self.model.cfg.head_layout

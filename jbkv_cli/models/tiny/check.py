@@ -14,6 +14,14 @@ prompt* when
   2.9 px over the 3 frame steps of a 4-frame chunk; a bounce does not shorten the path, the
   pixel grid does a little), and it stays on its axis (the centroid's range across the motion
   axis is at most ``max_drift`` pixels).
+
+:func:`check_chunks` asks the same per chunk, for the long-horizon report: chunk ``c`` follows
+the prompt when its foreground's mean colour is nearest to the named one, every frame of it
+keeps its area within ``[1/2, 2]`` of the first chunk's median, its centroid's path along the
+motion axis is at least ``min_path``, the centroid has stayed within ``max_drift`` across the
+axis from the first frame to the end of ``c``, and (chunks 0 and 1) the start advances as named.
+It needs no reference: after a video has diverged from its reference it still tells whether it
+is a video of its prompt.
 """
 
 from __future__ import annotations
@@ -54,6 +62,52 @@ def foreground(frames: torch.Tensor, background: str) -> torch.Tensor:
     return ((x - BACKGROUNDS[background]).abs().amax(-1) > 0.25).float()
 
 
+@dataclass(frozen=True)
+class _Track:
+    """Per-frame measurements of a video against its prompt."""
+
+    area: torch.Tensor  # [T] foreground pixels
+    along: torch.Tensor  # [T] centroid along the motion direction, px
+    across: torch.Tensor  # [T] centroid across the motion axis, px
+    colour: torch.Tensor  # [T, 3] mean foreground colour (0 where no foreground)
+    colour_name: str  # the prompt's colour
+
+
+def _track(frames: torch.Tensor, prompt: str) -> _Track:
+    p = parse_prompt(prompt)
+    mask = foreground(frames, p.background)
+    h, w = mask.shape[1:]
+    ys, xs = torch.meshgrid(torch.arange(float(h)), torch.arange(float(w)), indexing="ij")
+    area = mask.sum((1, 2))
+    safe = area.clamp_min(1)
+    centroid = torch.stack(((mask * xs).sum((1, 2)) / safe, (mask * ys).sum((1, 2)) / safe), -1)
+    x = frames.float() / 255
+    colour = (x * mask[..., None]).sum((1, 2)) / safe[:, None]
+    ux, uy = MOTIONS[p.motion]
+    along = centroid @ torch.tensor([ux, uy])
+    across = centroid @ torch.tensor([abs(uy), abs(ux)])
+    return _Track(area, along, across, colour, p.colour)
+
+
+def _nearest(colour: torch.Tensor) -> str:
+    return min(COLOURS, key=lambda c: float((torch.tensor(COLOURS[c]) - colour).norm()))
+
+
+def _mean_colour(track: _Track, lo: int, hi: int) -> torch.Tensor:
+    """Mean foreground colour over frames ``lo .. hi-1``, weighted by area."""
+    area = track.area[lo:hi]
+    return (track.colour[lo:hi] * area[:, None]).sum(0) / area.sum().clamp_min(1)
+
+
+def _start(track: _Track, frames_per_chunk: int) -> tuple[float, float]:
+    """How far the centroid advanced by the end of chunk 2 (px along the named direction), and
+    the first chunk's median area (px, at least 1)."""
+    t = track.area.shape[0]
+    first = min(2 * frames_per_chunk, t) - 1
+    advance = float(track.along[first] - track.along[0])
+    return advance, float(track.area[:frames_per_chunk].median().clamp_min(1))
+
+
 def check_video(
     frames: torch.Tensor,
     prompt: str,
@@ -62,27 +116,14 @@ def check_video(
     max_drift: float = 4.0,
 ) -> PromptCheck:
     """Measure ``frames [T, H, W, 3]`` (uint8) against ``prompt`` (see the module docstring)."""
-    p = parse_prompt(prompt)
-    mask = foreground(frames, p.background)
-    t, h, w = mask.shape
-    ys, xs = torch.meshgrid(torch.arange(float(h)), torch.arange(float(w)), indexing="ij")
-    area = mask.sum((1, 2))
-    safe = area.clamp_min(1)
-    centroid = torch.stack(((mask * xs).sum((1, 2)) / safe, (mask * ys).sum((1, 2)) / safe), -1)
-    x = frames.float() / 255
-    colour = (x * mask[..., None]).sum((0, 1, 2)) / mask.sum().clamp_min(1)
-    nearest = min(COLOURS, key=lambda c: float((torch.tensor(COLOURS[c]) - colour).norm()))
-
-    ux, uy = MOTIONS[p.motion]
-    along = centroid @ torch.tensor([ux, uy])
-    across = centroid @ torch.tensor([abs(uy), abs(ux)])
-    first = min(2 * frames_per_chunk, t) - 1
-    advance = float(along[first] - along[0])
-    ref_area = float(area[:frames_per_chunk].median().clamp_min(1))
-    ratio = area / ref_area
-    chunks = along[: t - t % frames_per_chunk].reshape(-1, frames_per_chunk)
+    tr = _track(frames, prompt)
+    t = tr.area.shape[0]
+    nearest = _nearest(_mean_colour(tr, 0, t))
+    advance, ref_area = _start(tr, frames_per_chunk)
+    ratio = tr.area / ref_area
+    chunks = tr.along[: t - t % frames_per_chunk].reshape(-1, frames_per_chunk)
     chunk_path = chunks.diff(dim=1).abs().sum(1)  # zeros for 1-frame chunks
-    drift = float(across.max() - across.min())
+    drift = float(tr.across.max() - tr.across.min())
     return PromptCheck(
         colour=nearest,
         first_advance=advance,
@@ -90,8 +131,40 @@ def check_video(
         max_area_ratio=float(ratio.max()),
         min_chunk_path=float(chunk_path.min()),
         max_drift=drift,
-        colour_ok=nearest == p.colour,
+        colour_ok=nearest == tr.colour_name,
         starts_ok=advance > 2.0,
-        shape_ok=bool(area.min() > 0) and float(ratio.min()) >= 0.5 and float(ratio.max()) <= 2.0,
+        shape_ok=bool(tr.area.min() > 0)
+        and float(ratio.min()) >= 0.5
+        and float(ratio.max()) <= 2.0,
         moving_ok=float(chunk_path.min()) >= min_path and drift <= max_drift,
     )
+
+
+def check_chunks(
+    frames: torch.Tensor,
+    prompt: str,
+    frames_per_chunk: int = 4,
+    min_path: float = 1.2,
+    max_drift: float = 4.0,
+) -> list[bool]:
+    """Per whole chunk of ``frames [T, H, W, 3]`` (uint8): does it still follow ``prompt``
+    (the module docstring's per-chunk check)? A partial last chunk is left out."""
+    tr = _track(frames, prompt)
+    t = tr.area.shape[0]
+    n = t // frames_per_chunk
+    if n == 0:
+        return []
+    advance, ref_area = _start(tr, frames_per_chunk)
+    starts_ok = advance > 2.0
+    out = []
+    for c in range(n):
+        lo, hi = c * frames_per_chunk, (c + 1) * frames_per_chunk
+        area = tr.area[lo:hi]
+        ratio = area / ref_area
+        shape_ok = bool(area.min() > 0) and float(ratio.min()) >= 0.5 and float(ratio.max()) <= 2
+        colour_ok = _nearest(_mean_colour(tr, lo, hi)) == tr.colour_name
+        path = float(tr.along[lo:hi].diff().abs().sum()) if hi - lo > 1 else 0.0
+        drift = float(tr.across[:hi].max() - tr.across[:hi].min())
+        moving_ok = path >= min_path and drift <= max_drift
+        out.append(colour_ok and shape_ok and moving_ok and (c >= 2 or starts_ok))
+    return out

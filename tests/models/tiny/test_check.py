@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.models.tiny.check import check_video
+from jbkv_cli.models.tiny.check import check_chunks, check_video
 from jbkv_cli.models.tiny.data import BACKGROUNDS, DataConfig, all_prompts, render
 from jbkv_cli.utils.errors import JbkvError
 
@@ -66,3 +66,31 @@ def test_a_prompt_outside_the_grammar_is_an_error() -> None:
     video = torch.zeros(8, 32, 32, 3, dtype=torch.uint8)
     with pytest.raises(JbkvError, match="tiny model"):
         check_video(video, "a cat playing piano")
+
+
+def test_check_chunks_on_ground_truth_and_the_chunk_each_failure_starts(rendered) -> None:
+    """Per chunk of 4 frames: every rendered video passes every chunk; a broken one fails from
+    the chunk its breakage starts in."""
+    prompts, video = rendered
+    for prompt, v in zip(prompts, video, strict=True):
+        assert check_chunks(frames_of(v), prompt.text) == [True] * 8, prompt.text
+    i = next(k for k, p in enumerate(prompts) if p.text.startswith("a red circle moves right"))
+    good, text = video[i], prompts[i].text
+
+    frozen = good.clone()
+    frozen[12:] = good[12]  # stops at frame 12: chunk 3 (frames 12-15) no longer moves
+    assert check_chunks(frames_of(frozen), text) == [True] * 3 + [False] * 5
+
+    faded = good.clone()
+    faded[20:] = BACKGROUNDS["dark"]  # gone from frame 20: chunk 5
+    assert check_chunks(frames_of(faded), text) == [True] * 5 + [False] * 3
+
+    recoloured = good.clone()
+    shape = (good[24:] - BACKGROUNDS["dark"]).abs().amax(1, keepdim=True) > 0.25
+    blue = torch.tensor([0.15, 0.30, 0.95])[None, :, None, None]
+    recoloured[24:] = torch.where(shape, blue, good[24:])
+    assert check_chunks(frames_of(recoloured), text) == [True] * 6 + [False] * 2  # blue: chunk 6
+
+    wrong_way = good.flip(-1)  # moves left: the start fails (chunks 0 and 1)
+    assert check_chunks(frames_of(wrong_way), text)[:2] == [False, False]
+    assert check_chunks(frames_of(good[:6]), text) == [True]  # a partial last chunk left out
