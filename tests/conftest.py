@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import http.server
+import os
 import re
+import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -147,22 +150,52 @@ TINY_PROMPTS = (
 )
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """The temp folder every worker of this session sees (pytest-xdist gives each worker its
+    own base folder under one parent; without xdist, this process's base folder)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _build_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """``build(folder)`` run once per session whatever the number of workers (the first
+    worker that needs it builds it under a file lock, into a temp name renamed when done; the
+    others wait for it), then copied into this worker's own temp folder: a test may write into
+    its copy (a report, a resume) without racing another worker."""
+    shared = _shared_root(tmp_path_factory)
+    done = shared / f"shared-{name}"
+    with open(shared / f"shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            building = shared / f".building-{name}"
+            shutil.rmtree(building, ignore_errors=True)
+            building.mkdir()
+            build(building)
+            building.rename(done)
+    mine = tmp_path_factory.mktemp(name)
+    shutil.copytree(done, mine, dirs_exist_ok=True, symlinks=True)
+    return mine
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A finished quantize-eval run on the embedded model: 2 prompts x seed 0, reference +
-    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores)."""
-    from typer.testing import CliRunner
+    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores, once per session:
+    every worker gets its own copy)."""
 
-    from jbkv_cli.cli.app import app
+    def build(folder: Path) -> None:
+        from typer.testing import CliRunner
 
-    prompts = tmp_path_factory.mktemp("prompts") / "p.txt"
-    prompts.write_text("\n".join(TINY_PROMPTS) + "\n")
-    out = tmp_path_factory.mktemp("tiny-run")
-    args = ["quantize-eval", "--prompts", str(prompts), "--seeds", "0", "--bits", "2,4"]
-    args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--no-lpips", "--out", str(out)]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    return out / "tiny"
+        from jbkv_cli.cli.app import app
+
+        prompts = folder / "p.txt"
+        prompts.write_text("\n".join(TINY_PROMPTS) + "\n")
+        args = ["quantize-eval", "--prompts", str(prompts), "--seeds", "0", "--bits", "2,4"]
+        args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--no-lpips"]
+        result = CliRunner().invoke(app, [*args, "--out", str(folder)])
+        assert result.exit_code == 0, result.output
+
+    return _build_once(tmp_path_factory, "tiny-run", build) / "tiny"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -76,3 +76,25 @@ def run_in_process(
     with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
         done = CliRunner().invoke(app, argv, env=extra, catch_exceptions=False)
     return subprocess.CompletedProcess(["jbkv", *argv], done.exit_code, done.stdout, done.stderr)
+
+
+def run_refusal(
+    *args: object,
+    installed: bool,
+    cwd: Path | None = None,
+    columns: int | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``jbkv ARGS`` for a command refused from its arguments and files: :func:`run_in_process`,
+    and with ``installed`` also :func:`run_jbkv`, which must answer with the same exit code,
+    stdout and stderr. A parametrized test of refusals passes ``installed`` for one case (its
+    first), so the console script is checked without every case paying a new interpreter."""
+    done = run_in_process(*args, cwd=cwd, columns=columns, env=env)
+    if installed:
+        real = run_jbkv(*args, cwd=cwd, columns=columns, env=env)
+        assert (real.returncode, real.stdout, real.stderr) == (
+            done.returncode,
+            done.stdout,
+            done.stderr,
+        ), "the installed jbkv answers otherwise than the same app in process"
+    return done

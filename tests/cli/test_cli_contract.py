@@ -4,6 +4,8 @@
 every case runs the real console script: ``--help`` exits 0 with nothing on stderr, usage errors
 exit 2 and known failures exit 1 with exactly one line on stderr, Ctrl-C exits 130 with one line,
 and a refused command leaves nothing behind. Cases run concurrently (each start-up imports torch).
+The many usage errors run in this process (``run_in_process``: the same app, exit code and
+streams), one of each kind through the installed script too, which must answer the same.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import typer
 
 from jbkv_cli.cli.app import _click_classes
-from tests.installed import JBKV, run_jbkv
+from tests.installed import JBKV, run_in_process, run_jbkv
 
 pytestmark = pytest.mark.slow
 
@@ -161,8 +163,23 @@ USAGE = [
 ]
 
 
+# one usage error of each kind through the installed jbkv too (a click error, one checked
+# before the library loads, one after it, an unknown command): each must answer as in process
+INSTALLED_USAGE = (0, 5, 8, 17, len(USAGE) - 1)
+
+
 def test_usage_errors_exit_2_with_one_line_and_leave_nothing(tmp_path):
-    results = run_all([(*c, "--out", "out") if c[0] == "generate" else c for c in USAGE], tmp_path)
+    """Every case in this process (the same app, exit code and streams: ``run_in_process``),
+    the kinds in :data:`INSTALLED_USAGE` through the installed ``jbkv`` as well."""
+    cases = [(*c, "--out", "out") if c[0] == "generate" else c for c in USAGE]
+    results = [run_in_process(*c, cwd=tmp_path, columns=120) for c in cases]
+    installed = run_all([cases[i] for i in INSTALLED_USAGE], tmp_path)
+    for i, r in zip(INSTALLED_USAGE, installed, strict=True):
+        assert (r.returncode, r.stdout, r.stderr) == (
+            results[i].returncode,
+            results[i].stdout,
+            results[i].stderr,
+        ), USAGE[i][:4]
     for case, r in zip(USAGE, results, strict=True):
         assert r.returncode == 2, (case[:4], r.returncode, r.stderr)
         lines = r.stderr.splitlines()

@@ -7,9 +7,11 @@ A pruned chunk's lanes are stored at the pruner's capacity (``Decision.held``), 
 once its first frames are decided: one chunk later, a lane of a new length draws its k-means
 inits once more (``quant/kmeans.py``, ``Draws``).
 
-A synthetic layer stack (two layers, two KV heads of 64 channels, chunks of two 16-token
-frames) runs four chunks of two attention calls and a commit per layer, as a model's loop does;
-the pruners read a profile written for it (layer 0 dynamic and static, layer 1 dynamic).
+A synthetic layer stack (two KV heads of 64 channels, chunks of two 16-token frames) runs four
+chunks of two attention calls and a commit per layer, as a model's loop does: one layer for a
+method × correction (layers hold independent caches: a second adds the same operations), two
+for the pruners, which read a profile written for it (layer 0 dynamic and static, layer 1
+dynamic).
 The model loops themselves: ``tests/models/test_fake_cuda_loop.py``.
 """
 
@@ -34,7 +36,8 @@ from jbkv_cli.utils.fake_cuda import FakeCuda, per_chunk
 pytestmark = pytest.mark.slow
 
 MODEL = "synthetic"
-LAYERS, KV_HEADS, Q_HEADS, DIM = 2, 2, 4, 64
+KV_HEADS, Q_HEADS, DIM = 2, 4, 64
+PRUNED_LAYERS = 2  # the profile's layers
 FRAME, FRAMES = 16, 2  # tokens per frame, frames per chunk
 READS = 2
 STEADY = 2  # chunks checked after the warm-up
@@ -98,14 +101,14 @@ def _rope(device: str) -> KeyRope:
     return KeyRope("half", table)
 
 
-def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool = False) -> list[int]:
+def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool) -> list[int]:
     """The transfers each chunk adds (``chunks`` chunks of ``READS`` reads and a commit)."""
     length = FRAMES * FRAME
     caches = layer_caches(
         spec,
         2,
         model=MODEL,
-        layers=LAYERS,
+        layers=1 if spec.pruner is None else PRUNED_LAYERS,
         kv_heads=KV_HEADS,
         frame_tokens=FRAME,
         rope=_rope("cuda") if rope else None,

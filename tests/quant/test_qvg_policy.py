@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.installed import run_jbkv
+from tests.installed import run_jbkv, run_refusal
 from tests.quant.conftest import SMALLEST
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,9 @@ def test_quantize_eval_span_of_two_chunks_counts_the_waiting_chunk(quick_eval):
     ],
 )
 def test_bad_policy_options_are_usage_errors(tmp_path, option, match):
-    result = run_jbkv("quantize-eval", "--quantizers", "qvg", "-M", option, "--out", tmp_path)
+    first = option == "qvg.layout=sideways"  # through the installed jbkv too
+    args = ("quantize-eval", "--quantizers", "qvg", "-M", option, "--out", tmp_path)
+    result = run_refusal(*args, installed=first)
     assert result.returncode == 2, result.stderr
     assert match in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -34,7 +34,7 @@ from jbkv_cli.run import directory as runs_module
 from jbkv_cli.run.directory import RunDir
 from jbkv_cli.run.experiment import Scoring
 from jbkv_cli.utils.errors import JbkvError
-from tests.installed import run_in_process, run_jbkv
+from tests.installed import run_in_process, run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow
 
@@ -263,9 +263,9 @@ def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, 
     path = _damaged_file(copied, which)
     _edit(path, **fields)
     formats = ("table", "json", "html") + (("csv", "md") if fields == DAMAGE[0][1] else ())
-    for fmt in formats:  # the installed jbkv for the table, the same app in this process after
-        runner = _jbkv if fmt == "table" else run_in_process
-        r = runner("report", copied, "--format", fmt, cwd=copied.parent)
+    for fmt in formats:  # the same app in this process; the first case's table installed too
+        installed = fmt == "table" and fields == DAMAGE[0][1]
+        r = run_refusal("report", copied, "--format", fmt, cwd=copied.parent, installed=installed)
         assert r.returncode == 0, (fmt, r.stderr)
         assert "Traceback" not in r.stderr and "Error:" not in r.stderr, r.stderr
         damaged = [w for w in _messages(r.stderr, "warning") if str(path) in w]
@@ -301,10 +301,12 @@ def test_report_score_scores_a_damaged_entry_again(copied):
     path = _damaged_file(copied, "score")
     good = json.loads(path.read_text())
     _edit(path, psnr="x")
-    r = _jbkv("report", copied, "--score", "--no-lpips", "--format", "json", cwd=copied.parent)
+    r = run_in_process(
+        "report", copied, "--score", "--no-lpips", "--format", "json", cwd=copied.parent
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(path.read_text()) == good
-    again = _jbkv("report", copied, cwd=copied.parent)
+    again = run_in_process("report", copied, cwd=copied.parent)
     assert again.returncode == 0 and not [
         w for w in _messages(again.stderr, "warning") if str(path) in w
     ]
@@ -355,7 +357,8 @@ def test_a_damaged_run_level_file_is_one_error_naming_it(copied, target, fields,
     if not path.exists():
         path.write_text("{}")
     _edit(path, **fields)
-    r = _jbkv("report", copied, cwd=copied.parent)
+    first = target == "manifest.json"  # through the installed jbkv too
+    r = run_refusal("report", copied, cwd=copied.parent, installed=first)
     errors = _messages(r.stderr, "error")
     assert r.returncode == 1 and len(errors) == 1, r.stderr
     assert str(path) in errors[0] and needle in errors[0], errors
@@ -363,10 +366,10 @@ def test_a_damaged_run_level_file_is_one_error_naming_it(copied, target, fields,
 
 def test_gate_counts_against_the_baseline_after_a_reference_record_is_deleted(copied, tmp_path):
     baseline = tmp_path / "b.json"
-    made = _jbkv("report", copied, "--format", "json", cwd=tmp_path)
+    made = run_in_process("report", copied, "--format", "json", cwd=tmp_path)
     baseline.write_text(made.stdout)
     (copied / "videos" / "reference" / f"{NAME}.json").unlink()
-    r = _jbkv("report", copied, "--baseline", baseline, cwd=tmp_path)
+    r = run_refusal("report", copied, "--baseline", baseline, cwd=tmp_path, installed=True)
     assert r.returncode == 1, r.stderr
     gate = _messages(r.stderr, "gate")
     assert "gate: reference: 1 of 2 videos generated" in gate, gate

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.installed import run_jbkv
+from tests.installed import run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow  # installed jbkv subprocesses (docs/testing.md)
 
@@ -61,7 +61,8 @@ def test_a_plan_with_budgets_and_json(tmp_path):
 )
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
     out = tmp_path / "plan.json"
-    done = run_jbkv("plan", *args, "--json", out, cwd=tmp_path)
+    first = args == ["--gpu-memory", "80"]  # through the installed jbkv too
+    done = run_refusal("plan", *args, "--json", out, cwd=tmp_path, installed=first)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], done.stderr
@@ -72,6 +73,8 @@ def test_json_onto_a_folder_or_an_input_is_refused(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle moves right on a dark background\n")
     for target in (tmp_path, prompts):
-        done = run_jbkv(*TINY, "--prompts", prompts, "--json", target, cwd=tmp_path)
+        done = run_refusal(
+            *TINY, "--prompts", prompts, "--json", target, cwd=tmp_path, installed=target == prompts
+        )
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert prompts.read_text() == "a red circle moves right on a dark background\n"

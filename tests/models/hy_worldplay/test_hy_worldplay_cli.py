@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.installed import run_jbkv
+from tests.installed import run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +19,8 @@ TINY = ["--model", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks
 
 
 jbkv = partial(run_jbkv, columns=120, env={"OMP_NUM_THREADS": "1"})
+refused = partial(run_refusal, columns=120, env={"OMP_NUM_THREADS": "1"})
+"""A refusal in this process; ``installed=True`` checks the installed ``jbkv`` answers the same."""
 
 
 def image(path: Path) -> Path:
@@ -142,6 +144,8 @@ BAD = [
     (["1.png,a house,w-7"], ["-o", "frames=30"], "frames must be 4 * latents - 3"),
     (["1.png,,w-7"], [], "empty prompt"),
 ]
+# through the installed jbkv too: the first, and Pillow's warnings (stderr of a real process)
+INSTALLED_BAD = (0, 6, 7)
 
 
 @pytest.mark.parametrize(("rows", "extra", "needle"), BAD)
@@ -154,20 +158,32 @@ def test_hy_worldplay_bad_inputs_are_one_line_usage_errors(tmp_path, rows, extra
     cases = case_file(tmp_path, rows)
     # quantize-eval checks cases through the same path (_case_items): two of them suffice
     commands = ("generate", "quantize-eval") if rows[0].endswith(("w-31", "broken.json")) else ()
+    installed = BAD.index((rows, extra, needle)) in INSTALLED_BAD
     for command in commands or ("generate",):
-        r = jbkv(command, *TINY, *extra, "--cases", cases, "--out", "out", cwd=tmp_path)
+        r = refused(
+            command, *TINY, *extra, "--cases", cases, "--out", "out",
+            cwd=tmp_path, installed=installed and command == "generate",
+        )  # fmt: skip
         one_line_error(r, 2, needle)
         assert not (tmp_path / "out").exists()
 
 
 def test_hy_worldplay_needs_an_image_and_text_models_refuse_one(tmp_path):
     image(tmp_path / "1.png")
-    r = jbkv("generate", *TINY, "--prompt", "a house", "--out", "out", cwd=tmp_path)
+    r = refused(
+        "generate", *TINY, "--prompt", "a house", "--out", "out", cwd=tmp_path, installed=True
+    )
     one_line_error(r, 2, "hy-worldplay needs an image")
     cases = case_file(tmp_path, ["1.png,a house,w-7"])
-    r = jbkv("generate", "--model", "tiny", "--cases", cases, "--out", "out", cwd=tmp_path)
+    r = refused(
+        "generate", "--model", "tiny", "--cases", cases, "--out", "out",
+        cwd=tmp_path, installed=False,
+    )  # fmt: skip
     one_line_error(r, 2, "model 'tiny' takes a prompt only; case '1-w-7' has an image")
-    r = jbkv("generate", *TINY, "--cases", cases, "--prompt", "x", "--out", "out", cwd=tmp_path)
+    r = refused(
+        "generate", *TINY, "--cases", cases, "--prompt", "x", "--out", "out",
+        cwd=tmp_path, installed=False,
+    )  # fmt: skip
     one_line_error(r, 2, "--cases lists the prompts")
     assert not (tmp_path / "out").exists()
 
@@ -195,7 +211,7 @@ def test_hy_worldplay_refuses_pruning_and_profiling_in_one_line(tmp_path):
         ["generate", *TINY, "--cases", cases, "--pruner", "forcing-kv", "--out", "out"],
         ["profile-heads", *TINY, "--cases", cases, "--out", "p.json"],
     ):
-        r = jbkv(*args, cwd=tmp_path)
+        r = refused(*args, cwd=tmp_path, installed=args[0] == "generate")
         assert r.returncode == 2, (args[0], r.returncode, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1.png", "cases.csv"]

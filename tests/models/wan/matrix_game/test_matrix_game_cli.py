@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jbkv_cli.cli.app import app
-from tests.installed import run_jbkv
+from tests.installed import run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow
 
@@ -22,6 +22,7 @@ TINY = ["-m", "matrix-game-2", "-o", "config=tiny-random"]
 
 
 jbkv = partial(run_jbkv, columns=160, env={"OMP_NUM_THREADS": "1"})
+refused = partial(run_refusal, columns=160, env={"OMP_NUM_THREADS": "1"})
 
 
 def cases(folder: Path, row: str = "1.png,a red room,a.json") -> Path:
@@ -100,8 +101,9 @@ def test_matrix_game_bad_inputs_are_one_line_errors(
     inputs(tmp_path)
     if actions is not None:
         (tmp_path / "a.json").write_text(actions)
-    r = jbkv("generate", *TINY, *extra, "--cases", cases(tmp_path, row), "--out", "run",
-             cwd=tmp_path)  # fmt: skip
+    first = BAD.index((row, actions, extra, code, needle)) == 0  # the installed jbkv too
+    r = refused("generate", *TINY, *extra, "--cases", cases(tmp_path, row), "--out", "run",
+                cwd=tmp_path, installed=first)  # fmt: skip
     one_line_error(r, needle, code)
     assert not (tmp_path / "run").exists()
 

@@ -32,7 +32,7 @@ from jbkv_cli.models.wan.self_forcing.image import image_pixels
 from jbkv_cli.models.wan.self_forcing.schedule import FewStepSchedule
 from jbkv_cli.utils.errors import JbkvError, UsageError, WeightsNotFoundError
 from jbkv_cli.utils.video import read_video
-from tests.installed import JBKV, run_jbkv
+from tests.installed import JBKV, run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow
 
@@ -309,7 +309,8 @@ def test_causal_forcing_bad_inputs_are_one_line_usage_errors(extra, message, ima
     args = ["generate", "-m", "self-forcing", "--device", "cpu", *extra]
     if "--cases" not in extra:
         args += ["--prompt", "a cat"]
-    result = _jbkv(*args, "--out", out, cwd=tmp_path)
+    first = "config=causal-forcing-framewise" in extra  # through the installed jbkv too
+    result = run_refusal(*args, "--out", out, cwd=tmp_path, installed=first)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
