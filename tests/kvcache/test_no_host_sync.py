@@ -1,8 +1,9 @@
-"""No host syncs in the cache's hot path: every method × correction × pruner commits, reads and
-attends on a fake CUDA device (``jbkv_cli/utils/fake_cuda.py``) without reading a device value on the
-host, and after the first chunks copies nothing between host and device: a constant is copied
-the first time the path that needs it runs (chunk 0 stores the first quantized chunk, chunk 1
-reads it; with sink chunks stored exact, that comes ``sink_chunks`` chunks later), then kept.
+"""No host syncs in the cache's hot path: every method × correction, and each pruner, method and
+correction on a pruned cache, commits, reads and attends on a fake CUDA device
+(``jbkv_cli/utils/fake_cuda.py``) without reading a device value on the host, and after the
+first chunks copies nothing between host and device: a constant is copied the first time the
+path that needs it runs (chunk 0 stores the first quantized chunk, chunk 1 reads it; with sink
+chunks stored exact, that comes ``sink_chunks`` chunks later), then kept.
 A pruned chunk's lanes are stored at the pruner's capacity (``Decision.held``), which settles
 once its first frames are decided: one chunk later, a lane of a new length draws its k-means
 inits once more (``quant/kmeans.py``, ``Draws``).
@@ -62,24 +63,53 @@ def profile(tmp_path_factory) -> str:
 FEWER_ROUNDS = {"kvquant": {"iters": 2}}
 
 
-def _specs(profile: str | None = None) -> list[tuple[str, KVSpec]]:
-    """Every method × correction (each pruner too, with ``profile``) that builds and, pruned,
-    that the CLI runs (methods that store each token on its own: ``check_prunable``)."""
-    pruners = [None] if profile is None else [_pruner(p, profile) for p in PRUNERS]
+def _spec(method: str, correction: str, pruner=None) -> KVSpec | None:
+    """The spec the CLI runs, or None for a combination refused before the run (a pruned one
+    needs methods that store each token on its own: ``check_prunable``)."""
+    try:
+        spec = KVSpec.build(
+            method, 2, correction=correction, pruner=pruner, **FEWER_ROUNDS.get(method, {})
+        )
+        for stored in {spec.key, spec.value} - {None} if pruner else ():
+            check_prunable(stored, DIM)
+    except ValueError:
+        return None  # refused before the run (none is refused in it)
+    return spec.for_model(MODEL, FRAMES * FRAME)
+
+
+def _specs() -> list[tuple[str, KVSpec]]:
+    """Every method × correction that builds."""
+    specs = (_spec(m, c) for m in METHODS for c in CORRECTIONS)
+    return [(s.variant_id, s) for s in specs if s is not None]
+
+
+def _pruned_specs(profile: str) -> list[KVSpec]:
+    """A covering of method × pruner × correction: method ``j`` pruned by the first pruner
+    from ``j`` on that takes it, with the first correction from ``j`` on that the pair takes;
+    then each correction not run yet, with the next pruner in turn and the first method that
+    takes both; then each pruner not run yet. The whole method × correction product runs unpruned above; a pruner's
+    decisions do not read the correction, and a correction reads every pruned chunk through
+    the same pruned read (``kvcache/pruned.py``)."""
+    pruners = [_pruner(name, profile) for name in PRUNERS]
+    corrections = list(CORRECTIONS)
+
+    def rotated(items: list, start: int) -> list:
+        return [items[(start + i) % len(items)] for i in range(len(items))]
+
+    def first(specs) -> list[KVSpec]:
+        return [s for s in [next((s for s in specs if s is not None), None)] if s is not None]
+
     out = []
+    for j, method in enumerate(METHODS):
+        pairs = ((p, c) for p in rotated(pruners, j) for c in rotated(corrections, j))
+        out += first(_spec(method, c, p) for p, c in pairs)
+    for k, correction in enumerate(corrections):
+        if not any(s.correction == correction for s in out):
+            pairs = ((m, p) for p in rotated(pruners, k) for m in METHODS)
+            out += first(_spec(m, correction, p) for m, p in pairs)
     for pruner in pruners:
-        for method in METHODS:
-            for correction in CORRECTIONS:
-                try:
-                    spec = KVSpec.build(
-                        method, 2, correction=correction, pruner=pruner,
-                        **FEWER_ROUNDS.get(method, {}),
-                    )  # fmt: skip
-                    for method in {spec.key, spec.value} - {None} if pruner else ():
-                        check_prunable(method, DIM)
-                except ValueError:
-                    continue  # a combination refused before the run (none is refused in it)
-                out.append((spec.variant_id, spec.for_model(MODEL, FRAMES * FRAME)))
+        if not any(s.pruner == pruner for s in out):
+            out += first(_spec(m, c, pruner) for m in METHODS for c in corrections)
     return out
 
 
@@ -140,11 +170,17 @@ def test_every_method_and_correction_reads_nothing_back(name, spec):
 
 
 def test_every_pruner_reads_nothing_back(profile):
-    """Each pruner with every method × correction it takes (one test: the specs need the
-    profile's path)."""
-    specs = _specs(profile)
-    assert {s.pruner.name for _, s in specs} == set(PRUNERS)
-    for _, spec in specs:
+    """Each pruner, each method a pruner takes and each correction a pruned cache takes
+    (:func:`_pruned_specs`; one test: the specs need the profile's path)."""
+    specs = _pruned_specs(profile)
+    pruners = [_pruner(name, profile) for name in PRUNERS]
+    assert {s.pruner.name for s in specs} == set(PRUNERS)
+    combos = [(m, c, p) for m in METHODS for c in CORRECTIONS for p in pruners]
+    taken = [(m, c) for m, c, p in combos if _spec(m, c, p) is not None]
+    assert {s.correction for s in specs} == {c for _, c in taken}
+    for method in {m for m, _ in taken}:
+        assert any(s.key.name == method for s in specs), method
+    for spec in specs:
         _check(spec)
 
 
