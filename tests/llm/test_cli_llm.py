@@ -47,8 +47,9 @@ def jbkv(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProc
 def here(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
     """:func:`jbkv` in this process, for a command that answers from its arguments and files."""
     home = home or cwd
-    env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "HF_HUB_OFFLINE": "1"}
-    return run_in_process(*args, cwd=cwd, env=env)
+    return run_in_process(
+        *args, cwd=cwd, env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+    )
 
 
 def same(proc: subprocess.CompletedProcess, *args, cwd: Path, home: Path | None = None) -> None:
