@@ -1,9 +1,10 @@
 """``jbkv llm-prefill`` and ``jbkv report`` of its runs, through the installed ``jbkv`` (and
 ``torchrun``) in subprocesses: exit codes, one-line errors, resume, refusal, the gate.
 
-Each ``jbkv llm-prefill`` process spends about 8 s of CPU importing torch and transformers, so
-the Llama is run once (the ``llama`` fixture) and tests that need a finished run copy it.
-Refusals that answer from arguments and files run in this process (``tests/installed.py``'s
+A ``jbkv llm-prefill`` process spends most of its CPU importing torch and transformers and
+loading the model (a run with nothing left to score still takes about 9 CPU-s on the tiny
+Llama), so the Llama is run once (the ``llama`` fixture) and tests that need a finished run copy
+it. Refusals that answer from arguments and files run in this process (``tests/installed.py``'s
 ``run_in_process``); each such test runs one of its cases through the installed ``jbkv`` too,
 which must answer byte for byte the same."""
 
