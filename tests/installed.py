@@ -57,14 +57,18 @@ def run_in_process(
     cwd: Path | None = None,
     columns: int | None = None,
     env: Mapping[str, str] | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess:
     """``jbkv ARGS`` through the same Typer app inside this process (Typer's ``CliRunner``), in
     ``cwd``, with ``env`` added to the environment and ``JBKV_DEBUG`` removed: the exit code,
     stdout and stderr :func:`run_jbkv` gets for a command that answers from its arguments and
     files (usage errors, refusals, ``report``), without a new interpreter importing torch (about
-    3 s of CPU a call). Not for signals, stdin, the console script or start-up: a test that
-    uses it for many cases runs at least one of them through :func:`run_jbkv` as well, which
-    must answer the same."""
+    3 s of CPU a call). ``stdin`` is what ``sys.stdin`` says meanwhile (an in-memory stream, not
+    a pipe or a terminal; None: empty). Environment variables that a library reads once, when it
+    is imported (``HF_HOME``, ``HF_HUB_OFFLINE``), keep this process's values. Not for signals,
+    a real pipe or terminal on stdin, the console script or start-up: a test that uses it for
+    many cases runs at least one of them through :func:`run_jbkv` as well, which must answer
+    the same."""
     from typer.testing import CliRunner
 
     from jbkv_cli.cli.app import app
@@ -74,7 +78,7 @@ def run_in_process(
         extra["COLUMNS"] = str(columns)
     argv = [str(a) for a in args]
     with contextlib.chdir(cwd if cwd is not None else os.getcwd()):
-        done = CliRunner().invoke(app, argv, env=extra, catch_exceptions=False)
+        done = CliRunner().invoke(app, argv, input=stdin, env=extra, catch_exceptions=False)
     return subprocess.CompletedProcess(["jbkv", *argv], done.exit_code, done.stdout, done.stderr)
 
 

@@ -1,7 +1,12 @@
-"""``jbkv convert-checkpoint`` through the installed ``jbkv``: it never writes onto its input nor
-over a file it did not write, writes atomically (no temp file after Ctrl-C or SIGTERM, modes
-follow the umask), and hostile pickles are one line naming what they wanted. (An interrupted
-conversion: ``tests/cli/test_cli_contract.py``; a full disk: ``tests/run/test_fault_injection.py``.)
+"""``jbkv convert-checkpoint``: it never writes onto its input nor over a file it did not write,
+writes atomically (no temp file after Ctrl-C or SIGTERM, modes follow the umask), and hostile
+pickles are one line naming what they wanted. (An interrupted conversion:
+``tests/cli/test_cli_contract.py``; a full disk: ``tests/run/test_fault_injection.py``.)
+
+Special files and the umask go through the installed ``jbkv`` (a new process, with a timeout
+should it read a FIFO); the rest runs in this process (``tests/installed.py``'s
+``run_in_process``: a conversion answers from its arguments and files), each test with one case
+through the installed ``jbkv`` as well, which must answer byte for byte the same.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from jbkv_cli.utils import atomic
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +36,17 @@ def convert(*args: object, cwd: Path, umask: int | None = None) -> subprocess.Co
         cwd=cwd,
         preexec_fn=None if umask is None else (lambda: os.umask(umask)),
     )
+
+
+def here(*args: object, cwd: Path) -> subprocess.CompletedProcess:
+    """:func:`convert` in this process."""
+    return run_in_process("convert-checkpoint", *args, cwd=cwd)
+
+
+def same(r: subprocess.CompletedProcess, *args: object, cwd: Path) -> None:
+    """``r`` (:func:`here`'s) is what the installed ``jbkv`` answers to ``args``."""
+    there = convert(*args, cwd=cwd)
+    assert (r.returncode, r.stdout, r.stderr) == (there.returncode, there.stdout, there.stderr)
 
 
 def one_error(r: subprocess.CompletedProcess) -> str:
@@ -58,7 +74,7 @@ def _files(folder: Path) -> dict[str, tuple[int, int, bytes]]:
 def test_dst_that_is_src_is_refused_before_anything_is_written(tmp_path):
     """No DST for a .safetensors SRC, DST = SRC, a symlink to SRC, a hard link of SRC."""
     _generator_pt(tmp_path / "g.pt")
-    assert convert("g.pt", cwd=tmp_path).returncode == 0  # g.safetensors, written by jbkv
+    assert here("g.pt", cwd=tmp_path).returncode == 0  # g.safetensors, written by jbkv
     (tmp_path / "link.safetensors").symlink_to("g.safetensors")
     os.link(tmp_path / "g.safetensors", tmp_path / "hard.safetensors")
     (tmp_path / "sub").symlink_to(".")
@@ -72,9 +88,10 @@ def test_dst_that_is_src_is_refused_before_anything_is_written(tmp_path):
         ("link.safetensors", "g.safetensors"),
     ]
     for case in cases:
-        r = convert(*case, cwd=tmp_path)
+        r = here(*case, cwd=tmp_path)
         assert r.returncode == 2, (case, r.stderr)
         assert "is the checkpoint being converted" in one_error(r), case
+    same(r, *cases[-1], cwd=tmp_path)
     assert _files(tmp_path) == before
 
 
@@ -82,16 +99,17 @@ def test_a_file_it_did_not_write_is_not_overwritten(tmp_path):
     _generator_pt(tmp_path / "g.pt")
     theirs = tmp_path / "g.safetensors"
     theirs.write_bytes(b"someone else's file")
-    r = convert("g.pt", cwd=tmp_path)
+    r = here("g.pt", cwd=tmp_path)
     assert r.returncode == 2
     assert "was not written by convert-checkpoint" in one_error(r)
+    same(r, "g.pt", cwd=tmp_path)
     assert theirs.read_bytes() == b"someone else's file"
     (tmp_path / "d.safetensors").mkdir()
-    r = convert("g.pt", "d.safetensors", cwd=tmp_path)
+    r = here("g.pt", "d.safetensors", cwd=tmp_path)
     assert r.returncode == 2 and "is not a regular file (a directory)" in one_error(r)
     theirs.unlink()
-    assert convert("g.pt", cwd=tmp_path).returncode == 0
-    assert convert("g.pt", "--no-ema", cwd=tmp_path).returncode == 0  # its own: rewritten
+    assert here("g.pt", cwd=tmp_path).returncode == 0
+    assert here("g.pt", "--no-ema", cwd=tmp_path).returncode == 0  # its own: rewritten
 
 
 def test_a_source_that_is_not_a_regular_file_is_named_as_such(tmp_path):
@@ -139,6 +157,7 @@ class _Reduce:
 
 @pytest.mark.parametrize("fmt", ["torch.save", "pickle"])
 def test_hostile_pickles_are_one_line_naming_what_they_wanted(tmp_path, fmt):
+    """In this process; torch.save's first through the installed ``jbkv`` as well."""
     marker = tmp_path / "pwned"
     payloads = {
         "system.pt": _Reduce(os.system, (f"touch {marker}",)),
@@ -149,11 +168,13 @@ def test_hostile_pickles_are_one_line_naming_what_they_wanted(tmp_path, fmt):
             torch.save(obj, tmp_path / name)
         else:
             (tmp_path / name).write_bytes(pickle.dumps(obj, protocol=2))
-    r = convert("system.pt", "a.safetensors", cwd=tmp_path)
+    r = here("system.pt", "a.safetensors", cwd=tmp_path)
     assert r.returncode == 1
     line = one_error(r)
     assert "system.pt needs pickle code to load (it asks for posix.system)" in line, line
-    r = convert("odict.pt", "b.safetensors", cwd=tmp_path)
+    if fmt == "torch.save":
+        same(r, "system.pt", "a.safetensors", cwd=tmp_path)
+    r = here("odict.pt", "b.safetensors", cwd=tmp_path)
     assert r.returncode == 1
     line = one_error(r)
     assert line.startswith("error: cannot read checkpoint odict.pt: TypeError"), line

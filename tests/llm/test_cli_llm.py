@@ -1,20 +1,29 @@
 """``jbkv llm-prefill`` and ``jbkv report`` of its runs, through the installed ``jbkv`` (and
-``torchrun``) in subprocesses: exit codes, one-line errors, resume, refusal, the gate."""
+``torchrun``) in subprocesses: exit codes, one-line errors, resume, refusal, the gate.
+
+A ``jbkv llm-prefill`` process spends most of its CPU importing torch and transformers and
+loading the model (a run with nothing left to score still takes about 9 CPU-s on the tiny
+Llama), so the Llama is run once (the ``llama`` fixture) and tests that need a finished run copy
+it. Refusals that answer from arguments and files run in this process (``tests/installed.py``'s
+``run_in_process``); each such test runs one of its cases through the installed ``jbkv`` too,
+which must answer byte for byte the same."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from jbkv_cli.llm.models import EMBEDDED_DIR
 from jbkv_cli.llm.tiny.corpus import eval_document
 from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 from tests.llm.conftest import tiny_lm
 
 pytestmark = pytest.mark.slow
@@ -34,6 +43,21 @@ def _env(home: Path) -> dict[str, str]:
 
 def jbkv(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
     return run_jbkv(*args, cwd=cwd, environ=_env(home or cwd), timeout=600)
+
+
+def here(*args, cwd: Path, home: Path | None = None) -> subprocess.CompletedProcess:
+    """:func:`jbkv` in this process, for a command that answers from its arguments and files."""
+    home = home or cwd
+    return run_in_process(
+        *args, cwd=cwd, env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
+    )
+
+
+def same(proc: subprocess.CompletedProcess, *args, cwd: Path, home: Path | None = None) -> None:
+    """``proc`` (:func:`here`'s) is what the installed ``jbkv`` answers to ``args``."""
+    there = jbkv(*args, cwd=cwd, home=home)
+    expected = (there.returncode, there.stdout, there.stderr)
+    assert (proc.returncode, proc.stdout, proc.stderr) == expected, args
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, code: int, text: str) -> None:
@@ -62,40 +86,56 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture(scope="module")
-def llama_run(assets, tmp_path_factory) -> Path:
-    """A finished run on the tiny Llama (SMALL, one process on the CPU, no plots): what the
-    report, the gate and the two-rank comparison read (none of them writes into it)."""
-    cwd = tmp_path_factory.mktemp("llama-run")
-    made = jbkv(
-        "llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL,
-        "--no-plots", "--device", "cpu", "--out", cwd / "run", cwd=cwd,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    return cwd / "run"
-
-
-def test_end_to_end_resume_and_refusal(assets, tmp_path):
-    run = tmp_path / "run"
+def llama_args(assets, run: Path, json_path: Path) -> list:
+    """``jbkv llm-prefill`` on the tiny Llama: SMALL, one process on the CPU, plots and --json."""
     args = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
-    args += ["--out", run, "--json", tmp_path / "result.json"]
-    first = jbkv(*args, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
+    return [*args, "--device", "cpu", "--out", run, "--json", json_path]
+
+
+class Made(NamedTuple):
+    run: Path
+    json: Path
+    proc: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def llama(assets, tmp_path_factory) -> Made:
+    """The Llama's one full run (:func:`llama_args`), its --json file and what it printed: what
+    the end-to-end test checks, the report, the gate and the two-rank comparison read, and the
+    resume and full-disk tests copy (none of them writes into it)."""
+    cwd = tmp_path_factory.mktemp("llama-run")
+    made = jbkv(*llama_args(assets, cwd / "run", cwd / "result.json"), cwd=cwd)
+    assert made.returncode == 0, made.stderr
+    return Made(cwd / "run", cwd / "result.json", made)
+
+
+@pytest.fixture(scope="module")
+def llama_run(llama) -> Path:
+    return llama.run
+
+
+def test_end_to_end_resume_and_refusal(assets, llama, tmp_path):
+    """The fixture's run made everything; a copy of it resumes with nothing to do, refuses a
+    --json over its manifest and other settings, and scores again only a deleted record."""
+    first = llama.proc
     assert f"{JOBS * VARIANTS} (example, variant) jobs scored, 0 already done" in first.stderr
-    records = sorted(run.glob("variants/*/c*.json"))
-    assert len(records) == JOBS * VARIANTS
-    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(list(llama.run.glob("variants/*/c*.json"))) == JOBS * VARIANTS
+    result = json.loads(llama.json.read_text())
     assert result["kind"] == "llm-prefill" and result["reference_dtype"] == "float32"
-    assert (run / "report" / "nll.png").is_file() and (run / "report" / "table.md").is_file()
+    report = llama.run / "report"
+    assert (report / "nll.png").is_file() and (report / "table.md").is_file()
     assert "ΔNLL vs ref" in first.stdout and "reference (float32)" in first.stdout
 
+    run = shutil.copytree(llama.run, tmp_path / "run")
+    args = llama_args(assets, run, tmp_path / "result.json")
+    records = sorted(run.glob("variants/*/c*.json"))
     again = jbkv(*args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert f"0 (example, variant) jobs scored, {JOBS * VARIANTS} already done" in again.stderr
 
     manifest = (run / "manifest.json").read_bytes()
     over = [*map(str, args[:-1]), str(run / "manifest.json")]  # --json over the run's manifest
-    _one_line_error(jbkv(*over, cwd=tmp_path), 2, "inside the run directory")
+    _one_line_error(here(*over, cwd=tmp_path), 2, "inside the run directory")
     assert (run / "manifest.json").read_bytes() == manifest
 
     records[0].unlink()  # as if killed before that record was written
@@ -104,7 +144,7 @@ def test_end_to_end_resume_and_refusal(assets, tmp_path):
     assert json.loads((tmp_path / "result.json").read_text())["rows"] == result["rows"]
 
     before = sorted(p.name for p in run.rglob("*"))
-    other = jbkv(*[a if a != "2" else "3" for a in map(str, args)], cwd=tmp_path)
+    other = here(*[a if a != "2" else "3" for a in map(str, args)], cwd=tmp_path)
     _one_line_error(other, 2, "was made with different settings")
     assert sorted(p.name for p in run.rglob("*")) == before
 
@@ -121,13 +161,14 @@ def test_runs_on_mistral_and_qwen2(assets, tmp_path, arch):
 
 def test_report_and_gate(llama_run, tmp_path):
     run = llama_run
-    shown = jbkv("report", run, "--format", "json", cwd=tmp_path)
+    shown = here("report", run, "--format", "json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
+    same(shown, "report", run, "--format", "json", cwd=tmp_path)
     data = json.loads(shown.stdout)
     assert data["kind"] == "llm-prefill" and len(data["jobs"]) == JOBS
     baseline = tmp_path / "baseline.json"
     baseline.write_text(shown.stdout)
-    passed = jbkv("report", run, "--baseline", baseline, cwd=tmp_path)
+    passed = here("report", run, "--baseline", baseline, cwd=tmp_path)
     assert passed.returncode == 0 and "gate passed" in passed.stderr, passed.stderr
 
     better = json.loads(shown.stdout)
@@ -135,10 +176,10 @@ def test_report_and_gate(llama_run, tmp_path):
         if row["variant"] != "reference":
             row["nll"]["mean"] -= 1.0  # a baseline the run is now much worse than
     baseline.write_text(json.dumps(better))
-    failed = jbkv("report", run, "--baseline", baseline, cwd=tmp_path)
+    failed = here("report", run, "--baseline", baseline, cwd=tmp_path)
     assert failed.returncode == 1 and "gate failed" in failed.stderr
     assert "NLL" in failed.stderr and "Traceback" not in failed.stderr
-    bad_tol = jbkv("report", run, "--baseline", baseline, "--tolerance", "psnr=1", cwd=tmp_path)
+    bad_tol = here("report", run, "--baseline", baseline, "--tolerance", "psnr=1", cwd=tmp_path)
     _one_line_error(bad_tol, 2, "--tolerance")
 
 
@@ -162,17 +203,21 @@ BAD = [
 
 @pytest.mark.parametrize(("extra", "message"), BAD, ids=[m for _, m in BAD])
 def test_bad_input_is_one_line_and_creates_nothing(assets, tmp_path, extra, message):
+    """In this process; the first case through the installed ``jbkv`` as well."""
     args = {"--model": str(assets["llama"]), "--data": str(assets["data"])}
     for key, value in zip(extra[::2], extra[1::2], strict=True):
         args[key] = value
-    flat = [x for kv in args.items() for x in kv]
-    proc = jbkv("llm-prefill", *flat, "--out", tmp_path / "run", cwd=tmp_path)
+    flat = ["llm-prefill", *(x for kv in args.items() for x in kv), "--out", tmp_path / "run"]
+    proc = here(*flat, cwd=tmp_path)
     _one_line_error(proc, 2, message)
     assert not (tmp_path / "run").exists()
+    if (extra, message) == BAD[0]:
+        same(proc, *flat, cwd=tmp_path)
+        assert not (tmp_path / "run").exists()
 
 
 def test_longbench_pro_not_fetched_says_how(assets, tmp_path):
-    proc = jbkv(
+    proc = here(
         "llm-prefill", "--model", assets["llama"], "--data", "longbench-pro",
         "--out", tmp_path / "run", cwd=tmp_path, home=tmp_path,
     )  # fmt: skip
@@ -182,7 +227,7 @@ def test_longbench_pro_not_fetched_says_how(assets, tmp_path):
 
 def test_two_ranks_give_the_records_of_one_process(assets, llama_run, tmp_path):
     base = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
-    base += ["--no-plots", "--device", "cpu"]  # llama_run's options
+    base += ["--no-plots", "--device", "cpu"]  # llama_run's options (its plots aside)
     two = subprocess.run(
         [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "jbkv_cli", *map(str, base),
          "--out", str(tmp_path / "two")],
@@ -283,24 +328,22 @@ def test_a_damaged_model_folder_is_one_line_naming_the_file(assets, tmp_path):
     """Each used to escape in transformers' or torch's words: a raw ``UnpicklingError`` (after
     torch's own warning), ``SafetensorError`` or ``ZeroDivisionError`` without a file, or
     transformers' 11-line load report. Now: exit 1, one line naming the file, nothing created,
-    and the pickle's code never ran."""
-    import shutil
-    from concurrent.futures import ThreadPoolExecutor
-
+    and the pickle's code never ran. In this process; the pickle through the installed ``jbkv``
+    as well."""
     sentinel = tmp_path / "pickle-code-ran"
 
     def one(how: str) -> tuple[str, subprocess.CompletedProcess]:
         folder = tmp_path / how.replace(" ", "-")
         shutil.copytree(assets["llama"], folder)
         named = _damage(folder, how, sentinel)
-        proc = jbkv(
-            "llm-prefill", "--model", folder, "--data", assets["data"], *SMALL,
-            "--out", tmp_path / f"run-{folder.name}", cwd=tmp_path,
-        )  # fmt: skip
+        args = ["llm-prefill", "--model", folder, "--data", assets["data"], *SMALL]
+        args += ["--out", tmp_path / f"run-{folder.name}"]
+        proc = here(*args, cwd=tmp_path)
+        if how == DAMAGED[0]:
+            same(proc, *args, cwd=tmp_path)
         return str(folder / named), proc
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(one, DAMAGED))
+    results = [one(how) for how in DAMAGED]
     for how, (named, proc) in zip(DAMAGED, results, strict=True):
         _one_line_error(proc, 1, named)
         assert "cannot load" in proc.stderr or "whole number" in proc.stderr, (how, proc.stderr)
@@ -315,18 +358,21 @@ ENOSPC_HOOK = (
 )  # sitecustomize: ENOSPC for chosen names
 
 
-def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
+def test_a_full_disk_during_the_report_names_the_file(assets, llama_run, tmp_path):
     """A disk full for one report file: one line naming it, exit 1, no partial file left. The
-    plot's failure was ``OSError: [Errno 28] No space left on device``, without a path."""
+    plot's failure was ``OSError: [Errno 28] No space left on device``, without a path. Each
+    target's run is a copy of the finished run without its report, so the command scores
+    nothing and its first writes are the report's (as at the end of a first run)."""
     from concurrent.futures import ThreadPoolExecutor
 
     targets = ["nll.png", "results.json", "table.md", "rows.json"]
 
     def one(target: str) -> subprocess.CompletedProcess:
+        run = shutil.copytree(llama_run, tmp_path / target)
+        shutil.rmtree(run / "report")
         hook = os.pathsep.join(p for p in (str(ENOSPC_HOOK), os.environ.get("PYTHONPATH")) if p)
         env = _env(tmp_path) | {"PYTHONPATH": hook, "JBKV_TEST_ENOSPC": target}
-        argv = ["llm-prefill", "--model", assets["llama"], "--data", assets["data"], *SMALL]
-        argv += ["--out", tmp_path / target, "--json", tmp_path / target / "report" / "rows.json"]
+        argv = llama_args(assets, run, run / "report" / "rows.json")
         return run_jbkv(*argv, cwd=tmp_path, environ=env, timeout=600)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -344,8 +390,6 @@ def test_a_full_disk_during_the_report_names_the_file(assets, tmp_path):
 def test_a_load_report_is_one_warning_line(assets, tmp_path):
     """A folder whose weights lack a tensor loads (transformers initialises it at random) with
     one warning line naming it, where transformers printed its load report table."""
-    import shutil
-
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "llama"
@@ -354,8 +398,9 @@ def test_a_load_report_is_one_warning_line(assets, tmp_path):
     del state["model.layers.1.mlp.up_proj.weight"]
     save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
     proc = jbkv(
-        "llm-prefill", "--model", folder, "--data", assets["data"], *SMALL, "--no-plots",
-        "--out", tmp_path / "run", cwd=tmp_path,
+        "llm-prefill", "--model", folder, "--data", assets["data"], "--bins", "64-128",
+        "--chunk-sizes", "16", "--examples", "1", "--bits", "2", "--quantizers", "rtn",
+        "--corrections", "none", "--no-plots", "--out", tmp_path / "run", cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     warnings = [ln for ln in proc.stderr.splitlines() if "LlamaForCausalLM" in ln]

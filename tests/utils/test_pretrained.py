@@ -6,8 +6,10 @@ imported. With ``trust_remote_code`` unset, transformers asks on stdin and runs 
 case here answers "y\\ny\\n" on stdin and checks four things: the marker is absent, nothing is
 copied into the modules cache, the exit code is 1, and the one line names the folder. Loaders
 that the CLI reaches (``llm-prefill --model`` folder or hub id, SkyReels-V2 ``--weights``,
-Self-Forcing's ``$JBKV_SELF_FORCING_DIR``, Rolling Forcing ``--weights``) run the installed
-``jbkv``. The MAGI-1 T5 and HY-WorldPlay ByT5 and Qwen loaders need whole official weight folders
+Self-Forcing's ``$JBKV_SELF_FORCING_DIR``, Rolling Forcing ``--weights``) run the CLI: the hub
+id through the installed ``jbkv`` (its Hugging Face cache is found from ``HF_HOME``, which
+transformers reads once, when it is imported) with stdin a real pipe, the others in this
+process, one of them through the installed ``jbkv`` as well. The MAGI-1 T5 and HY-WorldPlay ByT5 and Qwen loaders need whole official weight folders
 to be reached from the CLI, so they are called in-process.
 """
 
@@ -17,6 +19,7 @@ import ast
 import importlib.util
 import io
 import json
+import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +32,7 @@ import jbkv_cli
 from jbkv_cli.llm.models import EMBEDDED_DIR, load_lm, load_tokenizer
 from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
 from jbkv_cli.utils.pretrained import CustomCodeError, from_pretrained
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv
 
 PROBE = "jbkv_probe"  # the module a poisoned folder ships
 ANSWER = "y\ny\n"  # what a pipe into jbkv says when transformers asks
@@ -276,9 +279,14 @@ def _hub_cache(home: Path, repo: str, marker: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_cli_loader_refuses_custom_code_whatever_stdin_says(tmp_path):
-    """Six folders, each with its own marker, through the installed ``jbkv``; stdin a pipe
-    saying "y", ``HF_HOME`` a fresh folder (the modules cache lies under it)."""
+def test_every_cli_loader_refuses_custom_code_whatever_stdin_says(tmp_path, monkeypatch):
+    """Six folders, each with its own marker; stdin saying "y", ``HF_HOME`` a fresh folder (the
+    modules cache lies under it). The hub id and the first folder through the installed
+    ``jbkv`` (stdin a pipe), where the first must answer byte for byte as in this process; the
+    others in this process (``run_in_process``, stdin a stream), with transformers' modules
+    cache, which it fixes when it is imported, moved to the fresh folder too."""
+    import transformers.dynamic_module_utils as dmu
+
     home = tmp_path / "hf"
     home.mkdir()
     markers = {n: tmp_path / f"MARKER-{n}" for n in ("cfg", "tok", "hub", "sky", "wan")}
@@ -323,13 +331,26 @@ def test_every_cli_loader_refuses_custom_code_whatever_stdin_says(tmp_path):
         ),
     ]
     env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(home / "modules")}
+    environ = dict(os.environ)  # as it is outside run_in_process, which changes os.environ
 
-    def one(case):
+    def installed(case):
         args, extra, _, _ = case
-        return run_jbkv(*args, cwd=tmp_path, env=env | extra, stdin=ANSWER, timeout=600)
+        return run_jbkv(
+            *args, cwd=tmp_path, environ=environ, env=env | extra, stdin=ANSWER, timeout=600
+        )
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = list(pool.map(one, cases))
+    monkeypatch.setattr(dmu, "HF_MODULES_CACHE", str(home / "modules"))
+    with ThreadPoolExecutor(max_workers=2) as pool:  # meanwhile, the cases in this process
+        running = [pool.submit(installed, case) for case in (cases[0], cases[2])]
+        results = [
+            run_in_process(*args, cwd=tmp_path, env=env | extra, stdin=ANSWER)
+            for args, extra, _, _ in cases
+            if "jbkv-probe/remote-code" not in args
+        ]
+        there = [r.result() for r in running]  # the first folder and the hub id
+    answers = [(r.returncode, r.stdout, r.stderr) for r in (results[0], there[0])]
+    assert answers[0] == answers[1], answers
+    results.insert(2, there[1])
     failed = []  # every case's outcome, not only the first one's
     for (args, _, name, folder), proc in zip(cases, results, strict=True):
         try:
