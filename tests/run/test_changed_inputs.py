@@ -16,11 +16,15 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv, run_refusal
 
 pytestmark = pytest.mark.slow
 
 jbkv = partial(run_jbkv, columns=160, env={"OMP_NUM_THREADS": "1"})
+# a refused resume answers from its arguments and files: in this process, the Matrix-Game-2.0
+# image case through the installed jbkv too (it must answer the same)
+refusal = partial(run_refusal, columns=160, env={"OMP_NUM_THREADS": "1"})
+in_process = partial(run_in_process, columns=160, env={"OMP_NUM_THREADS": "1"})
 MATRIX_GAME = ["generate", "-m", "matrix-game-2", "-o", "config=tiny-random"]
 HY_WORLDPLAY = ["generate", "-m", "hy-worldplay", "-o", "config=tiny-random", "-o", "num_chunks=2"]
 
@@ -89,8 +93,8 @@ def test_matrix_game_resume_from_a_replaced_case_file_is_refused(
     folder = _copy(matrix_game_run, tmp_path)
     before = snapshot(folder / "run")
     path = replace(folder)
-    r = jbkv(*MATRIX_GAME, "--cases", "cases.csv", "--bits", "4", "--out", "run", cwd=folder)
-    refused(r, path)
+    args = (*MATRIX_GAME, "--cases", "cases.csv", "--bits", "4", "--out", "run")
+    refused(refusal(*args, cwd=folder, installed=replace is _replace_image), path)
     assert snapshot(folder / "run") == before
 
 
@@ -102,14 +106,14 @@ def test_a_run_that_kept_no_digests_gets_them_on_resume_then_holds_them(matrix_g
     kept = manifest["cases"]["1-a"].pop("sha256")
     del manifest["inputs"]
     manifest_path.write_text(json.dumps(manifest))
-    r = jbkv(*MATRIX_GAME, "--cases", "cases.csv", "--bits", "4", "--out", "run", cwd=folder)
+    r = in_process(*MATRIX_GAME, "--cases", "cases.csv", "--bits", "4", "--out", "run", cwd=folder)
     assert r.returncode == 0, r.stderr
     manifest = json.loads(manifest_path.read_text())
     assert manifest["cases"]["1-a"]["sha256"] == kept and manifest["inputs"] == {}
     record = json.loads((folder / "run" / "videos" / "int4-rtn-g32" / "1-a-0.json").read_text())
     assert record["case"]["sha256"] == kept
     path = _replace_actions(folder)
-    r = jbkv(*MATRIX_GAME, "--cases", "cases.csv", "--bits", "3", "--out", "run", cwd=folder)
+    r = in_process(*MATRIX_GAME, "--cases", "cases.csv", "--bits", "3", "--out", "run", cwd=folder)
     refused(r, path)
 
 
@@ -132,7 +136,7 @@ def test_hy_worldplay_changed_pose_file_is_refused_before_anything_is_written(tm
     assert r.returncode == 0, r.stderr
     before = snapshot(tmp_path / "run")
     _pose(pose, "d-7")
-    refused(jbkv(*args, "--bits", "4", cwd=tmp_path), pose)
+    refused(in_process(*args, "--bits", "4", cwd=tmp_path), pose)
     assert snapshot(tmp_path / "run") == before
 
 
@@ -183,5 +187,5 @@ def test_self_forcing_resume_with_a_rewritten_generator_of_the_same_size_and_mti
     _self_forcing_weights(tmp_path / "w", shift=0.01)
     os.utime(generator, ns=(old.st_atime_ns, old.st_mtime_ns))
     assert generator.stat().st_size == old.st_size
-    refused(jbkv(*args, "--bits", "4", cwd=tmp_path), generator.resolve())
+    refused(in_process(*args, "--bits", "4", cwd=tmp_path), generator.resolve())
     assert snapshot(tmp_path / "run") == before
