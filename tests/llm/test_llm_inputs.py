@@ -15,7 +15,7 @@ import pytest
 from jbkv_cli.llm.hosting import host, sliding_windows
 from jbkv_cli.llm.tiny.corpus import eval_document
 from jbkv_cli.llm.tiny.tokenizer import build_tokenizer
-from tests.installed import run_jbkv
+from tests.installed import run_in_process, run_jbkv, run_refusal
 from tests.llm.conftest import tiny_lm
 
 SMALL = ["--bins", "64-128", "--chunk-sizes", "16", "--examples", "2"]
@@ -60,7 +60,7 @@ def test_a_same_size_fine_tune_in_place_is_refused_on_resume(tmp_path, data):
     save(tiny_lm("llama", seed=1), model)  # same architecture: same size, other weights
     assert weights.stat().st_size == old.st_size
     os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns))
-    again = run_jbkv(*args, "--bits", "4", cwd=tmp_path)
+    again = run_in_process(*args, "--bits", "4", cwd=tmp_path)  # a refusal: from its files
     line = one_line(again, 1, f"{weights.resolve()} has changed since the run used it")
     assert "another --out" in line
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
@@ -97,8 +97,9 @@ def test_a_model_jbkv_would_compute_wrongly_is_refused_before_the_run_folder_exi
     """Item 4: both were refused by the first job, after the manifest and variant files."""
     model = make(tmp_path / "model")
     run = tmp_path / "run"
-    proc = run_jbkv("llm-prefill", "--model", model, "--data", data, *SMALL, "--out", run,
-                    cwd=tmp_path)  # fmt: skip
+    first = code == 2  # through the installed jbkv too (it must answer the same)
+    proc = run_refusal("llm-prefill", "--model", model, "--data", data, *SMALL, "--out", run,
+                       cwd=tmp_path, installed=first)  # fmt: skip
     one_line(proc, code, text)
     assert not run.exists()
 
