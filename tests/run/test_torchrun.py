@@ -10,12 +10,19 @@
 - videos generated but not scored (a kill between the two) are scored on resume, also when
   their reference is made by another rank during the resumed job;
 - fidelity on 2 ranks gives the JSON of one process;
-- ``kill -9`` of one rank mid-run fails the job; one process resumes it to identical results;
-- ``kill -9`` of a single process mid-run; 2 ranks resume it to identical results;
+- ``kill -9`` of one rank mid-run (held while it writes a video: ``JBKV_TEST_PAUSE``) fails the
+  job; one process resumes it to identical results;
+- ``kill -9`` of a single process mid-run (held the same way); 2 ranks resume it to identical
+  results;
 - a rank that cannot write its file fails the job at once, with that rank's one-line error;
+  once it can write, one process finishes the job;
 - SIGTERM to every rank while each writes a video: each rank prints its one line, removes its
   temp file and exits 143;
 - ``report`` prints its table once (rank 0).
+
+The one-process and 2-rank runs of ``EVAL`` are made once (the module fixture ``runs``); a test
+that needs a partial run starts from a copy of the one-process run (a process start costs about
+3.5 s of CPU importing torch; torchrun starts 3).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,11 +49,14 @@ pytestmark = pytest.mark.slow
 PYTHON_BIN = Path(sys.executable).parent
 TORCHRUN = str(PYTHON_BIN / "torchrun")
 TORCH_RUN = "torch.distributed.run"
-SMALL = ["--prompts", "tiny-ci", "--seeds", "0-3", "--num-chunks", "2", "--steps", "1"]
+SMALL = ["--prompts", "tiny-ci", "--seeds", "0-1", "--num-chunks", "2", "--steps", "1"]
 EVAL = ["quantize-eval", *SMALL, "--bits", "2", "--quantizers", "rtn"]
 EVAL += ["--corrections", "none,taylor", "--no-lpips", "--no-plots"]
-VIDEOS = 2 * 4 * 3  # prompts x seeds x (reference, int2, int2 + taylor)
+VIDEOS = 2 * 2 * 3  # prompts x seeds x (reference, int2, int2 + taylor)
 RECORD_TIMING = {"seconds", "diagnostics_seconds", "rank", "world_size"}
+# a kill mid-run lands while a process writes the video of the last (prompt, seed): one process
+# has made the 9 videos before it; rank 1's second video (references go first, round-robin)
+PAUSE_AT = "writing:a blue square moves left on a light background-1.mkv"
 
 
 WRITE_LOG_HOOK = Path(__file__).parents[1] / "support" / "write_log"
@@ -101,6 +112,15 @@ def _videos(run: Path) -> dict[str, bytes]:
 def _leftovers(run: Path) -> list[Path]:
     temps = [p for p in run.rglob(".*") if p.is_file()]
     return temps + list(run.glob("metrics/shards"))
+
+
+def _partial_copy(run: Path, dest: Path, videos: tuple[str, ...]) -> None:
+    """``dest``: the finished one-process ``run`` cut back to its manifest and the ``videos``
+    folders (no scores, no report): what a run that made only those videos holds."""
+    dest.mkdir(parents=True)
+    shutil.copy2(run / "manifest.json", dest / "manifest.json")
+    for vid in videos:
+        shutil.copytree(run / "videos" / vid, dest / "videos" / vid)
 
 
 @pytest.fixture(scope="module")
@@ -201,15 +221,13 @@ def test_one_process_scores_each_video_right_after_making_it(runs):
 
 
 def test_videos_made_but_not_scored_are_scored_on_resume(runs):
-    """``generate`` makes the INT2 videos without scoring them and without their references:
-    the state a kill between generating and scoring leaves. 2 ranks then make the references
+    """The INT2 videos of one process without their scores and without their references (what
+    ``generate --bits 2 --no-reference`` makes): the state a kill between generating and
+    scoring leaves. 2 ranks then make the references
     and the other variant, and score the INT2 videos once, waiting for references the other
     rank makes."""
     root, _ = runs
-    made = _jbkv(
-        "generate", *SMALL, "--bits", "2", "--no-reference", "--out", "late/tiny", cwd=root
-    )
-    assert made.returncode == 0, made.stderr
+    _partial_copy(root / "one/tiny", root / "late/tiny", ("int2-rtn-g32",))
     r = _torchrun(*EVAL, "--out", "late", "--json", "late.json", cwd=root, log=root / "late.log")
     assert r.returncode == 0, r.stderr
     assert f"{VIDEOS * 2 // 3} videos generated, {VIDEOS // 3} already done" in r.stderr
@@ -261,11 +279,20 @@ def _rank_pid(agent: int, rank: int) -> int | None:
     return None
 
 
-def _until_records(run: Path, proc: subprocess.Popen, n: int) -> None:
-    """Wait until ``run`` holds ``n`` finished videos (or ``proc`` ended: the caller checks)."""
+def _until_paused(marks: list[Path], proc: subprocess.Popen) -> Path | None:
+    """Wait until a process of ``proc`` is held at ``PAUSE_AT`` (its mark exists; the caller
+    kills it) and return that mark, or None when ``proc`` ended first."""
     deadline = time.monotonic() + 900
-    while len(_records(run)) < n and proc.poll() is None and time.monotonic() < deadline:
+    while proc.poll() is None and time.monotonic() < deadline:
+        for mark in marks:
+            if mark.exists():
+                return mark
         time.sleep(0.01)
+    return None
+
+
+def _pause_env(mark: Path) -> dict[str, str]:
+    return _env() | {"JBKV_TEST_PAUSE": PAUSE_AT, "JBKV_TEST_PAUSE_FILE": str(mark)}
 
 
 def test_kill_9_of_one_rank_then_one_process_resumes_to_identical_results(runs):
@@ -274,13 +301,14 @@ def test_kill_9_of_one_rank_then_one_process_resumes_to_identical_results(runs):
     agent = subprocess.Popen(
         _torchrun_cmd(*EVAL, "--out", "killed"),
         cwd=root,
-        env=_env(),
+        env=_pause_env(root / "killed.pause"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
-    _until_records(run, agent, 3)
-    victim = _rank_pid(agent.pid, 1)
+    mark = _until_paused([root / f"killed.pause.rank{r}" for r in (0, 1)], agent)
+    assert mark is not None, "the job ended before the kill"
+    victim = _rank_pid(agent.pid, int(mark.name[-1]))
     assert victim is not None and agent.poll() is None, "the job ended before the kill"
     os.kill(victim, signal.SIGKILL)
     _, stderr = agent.communicate(timeout=900)
@@ -301,11 +329,11 @@ def test_kill_9_of_one_process_then_two_ranks_resume_to_identical_results(runs):
     proc = subprocess.Popen(
         [JBKV, *EVAL, "--out", "single"],
         cwd=root,
-        env=_env(),
+        env=_pause_env(root / "single.pause"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    _until_records(run, proc, 1)
+    assert _until_paused([root / "single.pause"], proc), "the run ended before the kill"
     assert proc.poll() is None, "the run ended before the kill"
     proc.kill()
     proc.wait(timeout=900)
@@ -327,8 +355,7 @@ def test_a_rank_that_cannot_write_fails_the_job_with_its_error(runs):
     """A directory where one video's record goes: that rank's write fails for real."""
     root, _ = runs
     gen = ["generate", *SMALL, "--bits", "2", "--out", "fail"]
-    first = _jbkv("generate", *SMALL, "--bits", "16", "--out", "fail", cwd=root)
-    assert first.returncode == 0, first.stderr
+    _partial_copy(root / "one/tiny", root / "fail", ("reference",))  # the references exist
     blocker = (
         root / "fail/videos/int2-rtn-g32/a blue square moves left on a light background-1.json"
     )
@@ -343,10 +370,10 @@ def test_a_rank_that_cannot_write_fails_the_job_with_its_error(runs):
     )
     assert "timed out" not in r.stderr, "the other rank waited for a timeout instead of stopping"
 
-    blocker.rmdir()
-    resumed = _torchrun(*gen, cwd=root)
+    blocker.rmdir()  # one process finishes the job (2 ranks resume: the tests above)
+    resumed = _jbkv(*gen, cwd=root)
     assert resumed.returncode == 0, resumed.stderr
-    assert len(_records(root / "fail")) == 2 * 4 * 2
+    assert len(_records(root / "fail")) == VIDEOS * 2 // 3
     assert not _leftovers(root / "fail")
 
 
