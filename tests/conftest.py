@@ -17,6 +17,13 @@ from pathlib import Path
 
 import pytest
 
+# Under pytest-xdist the workers share the machine's cores: one thread each, for the worker and
+# every jbkv it starts (torch's intra-op threads spin-wait when they outnumber the free cores:
+# a 12-video evaluation beside another worker took 7.0 CPU-s at 2 threads, 4.0 at 1). A value
+# the caller set stays.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """``cuda``-marked tests skip themselves where no CUDA GPU is (``make gpu-check`` runs
