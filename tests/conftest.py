@@ -187,7 +187,7 @@ def _build_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> P
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A finished quantize-eval run on the embedded model: 2 prompts x seed 0, reference +
-    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 10 s on 2 cores, once per session:
+    INT4/INT2 x none/taylor (RTN), plots, no LPIPS (about 55 s of CPU, once per session:
     every worker gets its own copy)."""
 
     def build(folder: Path) -> None:
