@@ -90,7 +90,7 @@ def _pruned_specs(profile: str) -> list[KVSpec]:
     takes both; then each pruner not run yet. The whole method × correction product runs unpruned above; a pruner's
     decisions do not read the correction, and a correction reads every pruned chunk through
     the same pruned read (``kvcache/pruned.py``)."""
-    pruners = [_pruner(name, profile) for name in PRUNERS]
+    pruners = [pruner_with_profile(name, profile) for name in PRUNERS]
     corrections = list(CORRECTIONS)
 
     def rotated(items: list, start: int) -> list:
@@ -113,7 +113,7 @@ def _pruned_specs(profile: str) -> list[KVSpec]:
     return out
 
 
-def _pruner(name: str, profile: str):
+def pruner_with_profile(name: str, profile: str):
     """The pruner ``name``, reading ``profile`` when it takes a head profile."""
     takes = "profile" in {f.name for f in fields(PRUNERS[name])}
     return build_pruner(name, **({"profile": profile} if takes else {}))
@@ -173,7 +173,7 @@ def test_every_pruner_reads_nothing_back(profile):
     """Each pruner, each method a pruner takes and each correction a pruned cache takes
     (:func:`_pruned_specs`; one test: the specs need the profile's path)."""
     specs = _pruned_specs(profile)
-    pruners = [_pruner(name, profile) for name in PRUNERS]
+    pruners = [pruner_with_profile(name, profile) for name in PRUNERS]
     assert {s.pruner.name for s in specs} == set(PRUNERS)
     combos = [(m, c, p) for m in METHODS for c in CORRECTIONS for p in pruners]
     taken = [(m, c) for m, c, p in combos if _spec(m, c, p) is not None]

@@ -36,7 +36,7 @@ HY-WorldPlay's memory length changes from chunk to chunk).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -47,11 +47,12 @@ from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
 from jbkv_cli.models import registry
 from jbkv_cli.models.contract import PrunableModel, VideoModel, resolve_spec
 from jbkv_cli.prune.profile import FORMAT
-from jbkv_cli.prune.registry import PRUNERS, build_pruner
+from jbkv_cli.prune.registry import PRUNERS
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.run.experiment import with_plans
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fake_cuda import FakeCuda
+from tests.kvcache.test_no_host_sync import FEWER_ROUNDS, pruner_with_profile
 from tests.models.test_contract import TINY, one_thread  # noqa: F401 (autouse: one thread)
 
 pytestmark = pytest.mark.slow
@@ -70,11 +71,6 @@ LOOP_OPTIONS: dict[str, dict] = {
     "hy-worldplay": {"dtype": "bfloat16", "steps": 1},
     "matrix-game-2": {"dtype": "bfloat16"},
 }
-
-
-# KVQuant's 1-D k-means runs a fixed 50 rounds of the same ops with no read between them
-# (quant/nuq.py): 2 rounds show the same absence of host reads at 1/25 of the cost
-FEWER_ROUNDS = {"kvquant": {"iters": 2}}
 
 
 class LoopDone(Exception):
@@ -172,8 +168,7 @@ def _variants(name: str, model: VideoModel, folder: Path) -> list[KVSpec]:
         frame = model.head_layout()["frame_tokens"]
         pruners = []
         for p in rotated(list(PRUNERS), k):
-            takes = "profile" in {f.name for f in fields(PRUNERS[p])}
-            pruner = build_pruner(p, **({"profile": profile} if takes else {}))
+            pruner = pruner_with_profile(p, profile)
             if getattr(pruner, "segments", 0) > frame:  # the tiny frames: 4 tokens
                 pruner = replace(pruner, segments=frame)
             pruners.append(pruner)

@@ -37,6 +37,7 @@ from jbkv_cli.models.magi1.model import GenerationSettings, Magi1VideoModel, wit
 from jbkv_cli.models.magi1.schedule import required_window
 from jbkv_cli.models.magi1.text import SpecialTokens, T5TextEncoder, load_t5
 from jbkv_cli.models.magi1.vae import ViTVAE
+from jbkv_cli.models.t5_xxl import XXL_SHAPE
 from jbkv_cli.utils.errors import JbkvError, UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
 from jbkv_cli.utils.jsonio import read_json
@@ -183,20 +184,7 @@ def _tiny(variant, settings: GenerationSettings, seed: int) -> Magi1VideoModel:
 
 
 # google/t5-v1_1-xxl's config.json (the encoder upstream's ckpt/t5/t5-v1_1-xxl holds)
-T5_XXL = dict(
-    vocab_size=32128,
-    d_model=4096,
-    d_kv=64,
-    d_ff=10240,
-    num_layers=24,
-    num_heads=64,
-    relative_attention_num_buckets=32,
-    relative_attention_max_distance=128,
-    feed_forward_proj="gated-gelu",
-    tie_word_embeddings=False,
-    pad_token_id=0,
-    eos_token_id=1,
-)
+T5_XXL = dict(XXL_SHAPE, vocab_size=32128, pad_token_id=0, eos_token_id=1)
 
 
 def plan_model(**options: Any) -> Magi1VideoModel:

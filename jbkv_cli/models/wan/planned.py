@@ -8,23 +8,12 @@ from typing import Any
 
 import torch
 
+from jbkv_cli.models.t5_xxl import XXL_SHAPE
 from jbkv_cli.models.wan.tiny import tiny_tokenizer
 from jbkv_cli.models.wan.weights import cast_keeping_fp32
 
 # google/umt5-xxl's config.json (the text_encoder/ of the Wan2.1 and SkyReels-V2 repos)
-UMT5_XXL = dict(
-    vocab_size=256384,
-    d_model=4096,
-    d_kv=64,
-    d_ff=10240,
-    num_layers=24,
-    num_heads=64,
-    relative_attention_num_buckets=32,
-    relative_attention_max_distance=128,
-    feed_forward_proj="gated-gelu",
-    tie_word_embeddings=False,
-    dropout_rate=0.0,
-)
+UMT5_XXL = dict(XXL_SHAPE, vocab_size=256384, dropout_rate=0.0)
 
 
 def planned_parts(
