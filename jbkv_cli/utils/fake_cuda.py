@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
 from jbkv_cli.utils.host_reads import forget_kept
 
@@ -67,6 +67,31 @@ def _sites() -> tuple[str, ...]:
 _HELPERS = ("utils/fake_cuda.py", "utils/host_reads.py")
 
 
+def _flatten(x: Any, into: list[Any]) -> None:
+    """The leaves of an operation's arguments (tuples, lists and dicts of them), in order: what
+    ``tree_leaves`` gives for them, without its per-node type lookups (every operation pays it)."""
+    if isinstance(x, (tuple, list)):
+        for v in x:
+            _flatten(v, into)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _flatten(v, into)
+    else:
+        into.append(x)
+
+
+_COPIES = ("to", "_to_copy", "copy_", "copy", "_copy_from")
+_copy: dict[Any, bool] = {}
+
+
+def _is_copy(func: Any) -> bool:
+    """Whether ``func`` (an aten overload) copies between devices."""
+    known = _copy.get(func)
+    if known is None:
+        known = _copy[func] = func.__name__.split(".")[0] in _COPIES
+    return known
+
+
 class FakeCuda(TorchDispatchMode):
     """The fake device (module docstring); ``transfers`` lists ``(op, sites)`` per copy."""
 
@@ -90,7 +115,9 @@ class FakeCuda(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        leaves = tree_leaves((args, kwargs))
+        leaves: list[Any] = []
+        _flatten(args, leaves)
+        _flatten(kwargs, leaves)
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         on_device = any(isinstance(t, FakeTensor) for t in tensors) or any(
             (d := _device(x)) is not None and d.type != "cpu" for x in leaves
@@ -98,10 +125,12 @@ class FakeCuda(TorchDispatchMode):
         if not on_device:
             with unset_fake_temporarily():
                 return func(*args, **kwargs)  # the host's own work: real
-        copy = func.__name__.split(".")[0] in ("to", "_to_copy", "copy_", "copy", "_copy_from")
-        if any(not isinstance(t, FakeTensor) and (copy or t.dim() > 0) for t in tensors):
+        copy = _is_copy(func)
+        host = [t for t in tensors if not isinstance(t, FakeTensor)]
+        if any(copy or t.dim() > 0 for t in host):
             self.transfers.append((str(func), _sites()))  # host data into a device op
-        args, kwargs = tree_map(self._fakify, (args, kwargs))
+        if host:
+            args, kwargs = tree_map(self._fakify, (args, kwargs))
         out = func(*args, **kwargs)
         from_device = any(t.device.type != "cpu" for t in tensors)
         if from_device and isinstance(out, torch.Tensor) and out.device.type == "cpu":
