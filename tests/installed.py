@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from tests import warm_start
+
 JBKV = str(Path(sys.executable).with_name("jbkv"))
 
 
@@ -24,6 +26,7 @@ def run_jbkv(
     stdin: str | None = None,
     check: bool = False,
     preexec_fn: Callable[[], object] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess:
     """``jbkv ARGS`` in ``cwd`` (None: this process's) with its output captured.
 
@@ -31,13 +34,19 @@ def run_jbkv(
     ``JBKV_DEBUG`` removed (errors stay one line) and ``COLUMNS`` set to ``columns`` when given
     (the terminal width). ``stdin`` is what a pipe into it says (None: no pipe, stdin inherited);
     ``timeout`` turns a blocked command into a failure; ``check`` asserts exit 0 (the message is
-    its stderr); ``preexec_fn`` runs in the child before ``jbkv`` (a umask, a memory cap)."""
+    its stderr); ``preexec_fn`` runs in the child before ``jbkv`` (a umask, a memory cap).
+    The child is started warm (:mod:`tests.warm_start`: a fork of a process that has imported
+    torch, running the console script's entry point) unless ``fresh`` or the call needs a new
+    interpreter (a ``preexec_fn``, another locale or start-up variable)."""
     full = {**(os.environ if environ is None else environ), **(env or {})}
     full.pop("JBKV_DEBUG", None)
     if columns is not None:
         full["COLUMNS"] = str(columns)
     argv = [JBKV, *map(str, args)]
-    done = subprocess.run(
+    done = None
+    if not fresh and warm_start.usable(full, preexec_fn):
+        done = warm_start.run(JBKV, argv, cwd, full, stdin, timeout)
+    done = done or subprocess.run(
         argv,
         capture_output=True,
         text=True,
