@@ -146,6 +146,8 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 **{m: Stat.of([d.get(m) for d in diag]) for m in ERROR_METRICS},
                 bias_share_by_layer=bias_share_by_layer(records),
                 **_coverage(spec, records),
+                layer_bits=None if spec.layers is None else str(spec.layers),
+                taylor_outside=spec.taylor_outside,
             )
         )
     return rows
@@ -190,7 +192,10 @@ def _label(spec, run: RunDir, reference: bool) -> str:
 
 
 def _bits_cell(row: ResultRow) -> str:
-    """``4``, or ``K4V2`` where keys and values are stored at different widths."""
+    """``4``, ``K4V2`` where keys and values are stored at different widths, or the per-layer
+    spec (``K2V2@0-3+K2V1@4-``)."""
+    if row.layer_bits is not None:
+        return row.layer_bits
     if row.value_bits is None or row.value_bits == row.bits:
         return str(row.bits)
     return f"K{row.bits}V{row.value_bits}"
@@ -398,7 +403,7 @@ def table_cells(
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
         scheme += "" if r.pruner == "none" else f" + {r.pruner}"
         lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
-        mark = r.compression_mark
+        mark = "; ".join(m for m in (r.compression_mark, TAYLOR_MARK * r.taylor_outside) if m)
         full = {
             "variant": r.label + (f" [{mark}]" if mark else ""),
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
@@ -422,6 +427,14 @@ def table_cells(
         }
         cells.append([full[c] for c in cols])
     return cols, cells, best
+
+
+TAYLOR_MARK = "taylor outside its range: 1-bit keys"
+TAYLOR_NOTE = (
+    "Rows marked *taylor outside its range* apply the taylor correction to 1-bit keys, where "
+    'its small-step expansion does not hold (docs/corrections.md, "1-bit keys"); exact and '
+    "signed run as they are."
+)
 
 
 def megabytes(n: int | None) -> str:
@@ -462,6 +475,8 @@ def _rich_cell(text: str, column: str, best: bool) -> Text | str:
 def print_table(console: Console, rows: list[ResultRow], title: str) -> None:
     """The main table at the console's width (:data:`LAYOUTS`), then the VBench table if any."""
     print_fitted(console, lambda layout: rich_table(rows, title, layout), LAYOUTS)
+    if any(r.taylor_outside for r in rows):
+        console.print(plain(TAYLOR_NOTE.replace("*", "")))
     entries = [(r.label, r.vbench) for r in rows if r.vbench]
     if entries:
         print_vbench_table(console, entries)
@@ -526,6 +541,8 @@ def to_markdown(rows: list[ResultRow]) -> str:
             for c, t in zip(cols, row_cells, strict=True)
         ]
         lines.append("| " + " | ".join(marked) + " |")
+    if any(r.taylor_outside for r in rows):
+        lines += ["", TAYLOR_NOTE]
     entries = [(r.label, r.vbench) for r in rows if r.vbench]
     if entries:
         vcols, vcells = vbench_cells(entries)

@@ -29,7 +29,7 @@ from jbkv_cli.models.contract import CasePlanner, PromptCheck, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.run.ablations import ABLATIONS
-from jbkv_cli.run.bit_specs import BitPair
+from jbkv_cli.run.bit_specs import BitPair, LayerBits
 from jbkv_cli.run.directory import RunDir, check_inputs, check_prompt, video_name
 from jbkv_cli.run.fingerprints import Fingerprint, expand, fingerprint
 from jbkv_cli.run.shards import merge_shards, save_scores
@@ -43,7 +43,7 @@ HISTOGRAM_SAMPLES = 2000
 
 
 def build_matrix(
-    bits: Iterable[int | BitPair],
+    bits: Iterable[int | BitPair | LayerBits],
     quantizers: Iterable[str],
     corrections: Iterable[str],
     group_sizes: Iterable[int] | None,
@@ -53,9 +53,10 @@ def build_matrix(
 ) -> list[KVSpec]:
     """The reference plus every quantized combination, then the ablations (uncorrected).
 
-    ``bits``: widths, or :class:`~jbkv_cli.run.bit_specs.BitPair` key and value widths
+    ``bits``: widths, :class:`~jbkv_cli.run.bit_specs.BitPair` key and value widths
     (16: that side exact; values-only pairs get the uncorrected variant alone, ablations come
-    with plain widths). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
+    with plain widths) or :class:`~jbkv_cli.run.bit_specs.LayerBits` widths per layer (one
+    variant each, with a method that supports every width it names; no ablations). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
     {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
     quantized combination (not the ablations). ``group_sizes`` None: each method at its
@@ -67,6 +68,9 @@ def build_matrix(
     for q in quantizers:
         for g in group_sizes or [METHODS[q].default_group_size()]:
             for b in bits:
+                if isinstance(b, LayerBits):
+                    specs += _layered(b, q, g, corrections, chosen, options.get(q, {}))
+                    continue
                 kb, vb = (b, b) if isinstance(b, int) else (b.key, b.value)
                 if any(w != 16 and w not in METHODS[q].SUPPORTED_BITS for w in (kb, vb)):
                     continue
@@ -81,6 +85,40 @@ def build_matrix(
                 for a in ablations:
                     specs.append(KVSpec.build(q, kb, g, "none", **ABLATIONS[a], **kw))
     return list(dict.fromkeys(specs))
+
+
+def supports(quantizer: str, bits: int | BitPair | LayerBits) -> bool:
+    """Whether method ``quantizer`` supports every width ``bits`` names (16: exact, any)."""
+    if isinstance(bits, int):
+        widths = [bits]
+    elif isinstance(bits, BitPair):
+        widths = [bits.key, bits.value]
+    else:
+        widths = bits.widths("key") + bits.widths("value")
+    return all(w == 16 or w in METHODS[quantizer].SUPPORTED_BITS for w in widths)
+
+
+def _layered(
+    layers: LayerBits,
+    quantizer: str,
+    group_size: int,
+    corrections: Iterable[str],
+    pruners: list,
+    options: dict[str, Any],
+) -> list[KVSpec]:
+    """The per-layer variants of one method and group size: each correction (an active one
+    only where some layer quantizes keys) × pruner; none where the method lacks a width."""
+    if not supports(quantizer, layers):
+        return []
+    keys = any(w != 16 for w in layers.widths("key"))
+    return [
+        KVSpec.build(
+            quantizer, group_size=group_size, correction=c, pruner=p, layers=layers, **options
+        )
+        for p in pruners
+        for c in corrections
+        if keys or not get_correction(c).active
+    ]
 
 
 @dataclass
