@@ -81,3 +81,21 @@ def test_the_spec_round_trips_and_its_methods_keep_their_options():
         KVSpec.build("kivi", layers=parse_bit_spec("K2V2+K3V1@2-"))
     with pytest.raises(ValueError, match="takes no ablation"):
         KVSpec.build("rtn", layers=parse_bit_spec("K2V2+K1V1@2-"), keys=False)
+
+
+def test_the_embedded_model_stores_each_layer_at_its_widths():
+    """Through a model's loop (:class:`~jbkv_cli.models.loop.LoopCaches`): the peak bytes of a
+    per-layer spec on the 4-layer embedded model are those of its two halves, between the
+    uniform specs."""
+    from jbkv_cli.models.tiny import load_model
+
+    model = load_model(num_chunks=3, steps=1)
+    assert model.head_layout()["layers"] == LAYERS
+    prompt = "a green triangle moves up on a gray background"
+
+    def peak(spec: KVSpec) -> int:
+        return int(model.generate(prompt, 0, spec).kv_cache_bytes)
+
+    layered = peak(KVSpec.build("rtn", layers=parse_bit_spec("K2V2@0-1+K2V1@2-")))
+    k2v2, k2v1 = peak(KVSpec.build("rtn", 2)), peak(KVSpec.build("rtn", 2, value_bits=1))
+    assert layered == (k2v2 + k2v1) // 2 and k2v1 < layered < k2v2

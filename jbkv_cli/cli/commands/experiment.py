@@ -78,17 +78,10 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
 
 def _check_layers(model: VideoModel, specs: list[KVSpec]) -> None:
     """Per-layer specs (``--bits K2V2@0-3+K2V1@4-``) against the model's attention layers."""
-    layered = [s for s in specs if s.layers is not None]
-    if not layered:
-        return
-    if not hasattr(model, "head_layout"):
-        raise UsageError(f"--bits {layered[0].layers}: model {model.name!r} {NO_LAYOUT}")
-    layers = model.head_layout()["layers"]
-    for spec in layered:
-        try:
-            spec.layers.check(layers)
-        except ValueError as exc:
-            raise UsageError(f"--bits {spec.layers} on {model.name}: {exc}") from None
+    from jbkv_cli.models.contract import check_layers
+
+    for spec in specs:
+        check_layers(model, spec)
 
 
 def _warn_taylor(model: VideoModel, specs: list[KVSpec]) -> None:
