@@ -138,8 +138,9 @@ class CacheFlags(OptionGroup):
     ] = None
 
     def _bits(self) -> BitPair | LayerBits:
-        """``--bits`` (with ``--key-bits`` / ``--value-bits`` / ``--bf16``) as one spec."""
-        text = "16" if self.bf16 else self.bits.strip()
+        """``--bits`` (with ``--key-bits`` / ``--value-bits`` / ``--bf16``) as one spec (a
+        Python caller may give ``bits`` as a width)."""
+        text = "16" if self.bf16 else str(self.bits).strip()
         if text.isdigit() and int(text) in SIDE_WIDTHS:
             return side_bits(int(text), self.key_bits, self.value_bits)
         if text.isdigit():
@@ -298,7 +299,7 @@ class SweepFlags(OptionGroup):
         from jbkv_cli.quant.registry import METHODS
         from jbkv_cli.run.experiment import build_matrix, supports
 
-        for bits in bit_list:
+        for bits in bit_list if self.bits else []:  # a default grid's widths: where defined
             if not any(supports(q, bits) for q in quant_list):
                 have = "; ".join(
                     f"{q}: {', '.join(map(str, METHODS[q].SUPPORTED_BITS))}" for q in quant_list

@@ -23,7 +23,8 @@ A bit spec is one of
 
 ``,`` separates specs in ``quantize-eval``'s sweep, so it cannot appear inside one. Where a
 method does not support a side's width the sweep leaves that method out for that spec, as for a
-plain width; a spec no chosen method supports is refused (``generate``: the one method refuses).
+plain width; a spec given with ``--bits`` that no chosen method supports is refused (a default
+grid's widths are left out where undefined; ``generate``: the one method refuses).
 The layer ranges are checked against the model's attention layers once it is known (before
 anything is created): :meth:`LayerBits.check`.
 
