@@ -18,8 +18,10 @@ A bit spec is one of
   per-layer spec whose layers all get one pair is that pair (``K2V1@0-`` is ``K2V1``);
 - ``asymkv:LK/LV``, after AsymKV (Tao et al., COLING 2025, arXiv 2410.13212): keys at 2 bits
   in the first ``LK`` layers and 1 bit after, values at 2 bits in the first ``LV`` layers and 1
-  bit after (the paper's "AsymKV-l_k/l_v"; its headline Llama-2-7b setting is ``16/0``). It
-  is a spelling of the per-layer spec it expands to (``asymkv:16/0`` is ``K1V1+K2V1@0-15``).
+  bit after (the paper's "AsymKV-l_k/l_v"; its headline Llama-2-7b setting is ``16/0``, per
+  the abstract and a third-party summary: the paper's text and code were not available). It is
+  a spelling of the per-layer spec it expands to (``asymkv:16/0`` is ``K1V1+K2V1@0-15``);
+  differences from the paper: docs/corrections.md, "After AsymKV".
 
 ``,`` separates specs in ``quantize-eval``'s sweep, so it cannot appear inside one. Where a
 method does not support a side's width the sweep leaves that method out for that spec, as for a
