@@ -27,6 +27,8 @@ from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import bias_share_by_layer, memory_fields
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.run.directory import RunDir, video_name
+from jbkv_cli.run.pruned_base import KIND as PRUNED16
+from jbkv_cli.run.pruned_base import pruned_baselines
 from jbkv_cli.run.schema import BIG, vbench_problem
 from jbkv_cli.utils.console import plain
 from jbkv_cli.utils.errors import JbkvError
@@ -239,8 +241,16 @@ def paired_differences(
     of the gap to the same format with more bits (INT_low → INT_high) it recovers. Variants that
     differ only in a method option (KIVI's residual, a rotation seed) are kept apart.
     ``psnr_gain`` holds the paired statistics (:func:`~jbkv_cli.metrics.paired.paired_summary`),
-    Holm-adjusted over the gains of the run."""
+    Holm-adjusted over the gains of the run: both scored against the full reference.
+
+    A pruned and quantized format whose pruner's 16-bit variant is in the run also gets the gain
+    scored against that pruned 16-bit video (:mod:`jbkv_cli.run.pruned_base`):
+    ``pruned16`` (its variant id), ``pruned16_label``, ``psnr_gain_vs_pruned16`` (paired
+    statistics, Holm-adjusted over these gains of the run; None when no video has both scores);
+    None for the others."""
     scores = scores or Scores(run)
+    bases = pruned_baselines(run.variants())
+    labels = {r.variant: r.label for r in rows}
     by_key = {(_family(r), r.bits, r.correction): r for r in rows if r.full and not r.is_reference}
     out = []
     for (fam, b, c), row in by_key.items():
@@ -257,6 +267,9 @@ def paired_differences(
         if higher and base.psnr and higher[0].psnr:
             gap = higher[0].psnr.mean - base.psnr.mean
         recovered = diff["mean"] / gap if diff and gap else None
+        base16 = bases.get(row.variant)
+        base16 = base16 if base16 == bases.get(base.variant) else None
+        vs16 = scores.diffs(base.variant, row.variant, PRUNED16) if base16 else []
         out.append(
             {
                 "quantizer": row.quantizer,
@@ -269,9 +282,13 @@ def paired_differences(
                 "gap_to": higher[0].variant if higher else None,
                 "gap_db": gap,
                 "recovered_fraction": recovered,
+                "pruned16": base16,
+                "pruned16_label": labels.get(base16) if base16 else None,
+                "psnr_gain_vs_pruned16": paired_summary(vs16) if vs16 else None,
             }
         )
     with_holm([g["psnr_gain"] for g in out])
+    with_holm([g["psnr_gain_vs_pruned16"] for g in out])
     return out
 
 
