@@ -256,7 +256,8 @@ class SweepFlags(OptionGroup):
         typer.Option(
             "--pruners",
             help=f"Pruners: none,{','.join(pruner_names())}; each one prunes every quantized "
-            "variant and adds its 16-bit pruned variant.",
+            "variant and adds its 16-bit pruned variant, the second reference a correction's "
+            "gain on the pruned cache is scored against.",
         ),
     ] = "none"
     frontier: Annotated[
