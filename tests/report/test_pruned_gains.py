@@ -1,6 +1,6 @@
 """The correction's gain on a pruned and quantized cache against the pruned 16-bit cache, next to
 the gain against the full reference, in every output of `jbkv report` (terminal lines, JSON,
-Markdown, HTML), on a run written from numbers (tests/synthetic_run.py) with scores against the
+Markdown, HTML) and a damaged score file, on a run written from numbers (tests/synthetic_run.py) with scores against the
 pruned 16-bit video written by hand (known paired statistics)."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from jbkv_cli.metrics.paired import paired_summary
 from jbkv_cli.report.comparisons import comparison_lines, comparisons_markdown
 from jbkv_cli.report.html import render_page
 from jbkv_cli.report.table import build_rows, to_json
-from jbkv_cli.run.directory import video_name
-from jbkv_cli.run.experiment import build_matrix
+from jbkv_cli.run import directory as runs_module
+from jbkv_cli.run.directory import RunDir, video_name
+from jbkv_cli.run.experiment import Scoring, build_matrix
 from jbkv_cli.run.pruned_base import KIND
 from tests.synthetic_run import write_run
 
@@ -93,3 +94,42 @@ def test_without_scores_against_it_the_gain_says_so(tmp_path):
     assert g["pruned16"] == "flowcache" and g["psnr_gain_vs_pruned16"] is None
     line = next(x for x in comparison_lines(data) if "pruned 16-bit" in x)
     assert line.endswith("no video has both scores")
+
+
+HOSTILE = ("x", 1e308, float("nan"), 10**400, -5, None, [], {}, ["a"], True)
+
+
+@pytest.mark.parametrize("value", HOSTILE, ids=repr)
+def test_a_damaged_score_against_the_pruned_cache_is_left_out_with_a_warning(run, value, tmp_path):
+    """Every field of one ``metrics/pruned16`` file set to a hostile value, one at a time, and
+    the file cut short: the report (JSON, lines, Markdown, HTML) and resume planning read on,
+    the video counts as unscored against it (a warning names the file) and is listed again."""
+    opened = run[0]
+    path = opened.score_path(KIND, PRUNED_TAYLOR, NAMES[0])
+    original = path.read_text()
+    entry = json.loads(original)
+    damaged = [json.dumps({**entry, key: value}) for key in entry] + [original[:20]]
+    warnings: list[str] = []
+    rejected = 0
+    real = runs_module.warn
+    runs_module.warn = warnings.append
+    try:
+        for text in damaged:
+            path.write_text(text)
+            fresh = RunDir.open(opened.root)
+            data = to_json(fresh, build_rows(fresh))
+            assert comparison_lines(data) and comparisons_markdown(data)
+            assert "vs the pruned 16-bit cache" in render_page(fresh, data, tmp_path)
+            g = next(g for g in data["correction_gains"] if g["pruned16"])
+            valid = fresh.read_metrics(KIND, PRUNED_TAYLOR)
+            if NAMES[0] in valid:  # a value its check accepts (e.g. lpips null): still scored
+                continue
+            rejected += 1
+            assert g["psnr_gain_vs_pruned16"]["n"] == len(NAMES) - 1
+            todo = {p[:2] for p in Scoring(fresh, lpips=False).missing()}
+            assert (PRUNED_TAYLOR, NAMES[0]) in todo
+            assert any(str(path) in w for w in warnings), text
+    finally:
+        runs_module.warn = real
+        path.write_text(original)
+    assert rejected >= 2  # the cut file and against/psnr/ssim at least
