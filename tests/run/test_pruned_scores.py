@@ -114,3 +114,39 @@ def test_a_baseline_made_after_its_pair_was_scored_is_scored_at_finish_or_resume
     assert (vids[INT2], NAME) in {p[:2] for p in Scoring(run, lpips=False).missing()}
     score_fidelity(run, lpips=False, show_progress=False)
     assert NAME in run.read_metrics(KIND, vids[INT2])
+
+
+@pytest.mark.slow
+def test_quantize_eval_with_a_pruner_scores_against_its_16_bit_video(tmp_path):
+    """End to end on the embedded model (one prompt, about a minute of CPU): ``--pruners flowcache`` adds
+    the 16-bit flowcache variant, each pruned INT2 video is scored against it during the run,
+    and results.json and table.md carry the gain against it."""
+    from typer.testing import CliRunner
+
+    from jbkv_cli.cli.app import app
+    from tests.conftest import TINY_PROMPTS
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(TINY_PROMPTS[0] + "\n")
+    args = ["quantize-eval", "--prompts", str(prompts), "--seeds", "0", "--bits", "2"]
+    args += ["--quantizers", "rtn", "--corrections", "none,taylor", "--pruners", "flowcache"]
+    args += ["--no-lpips", "--no-plots", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    run = RunDir.open(next((tmp_path / "out").iterdir()))
+    name = video_name(TINY_PROMPTS[0], 0)
+    base = KVSpec(pruner=FLOW).variant_id
+    assert base in run.variants()
+    for spec in (INT2, INT2_TAYLOR):
+        entry = run.read_metrics(KIND, spec.variant_id)[name]
+        assert entry["against"] == base and entry["psnr_per_chunk"]
+        assert 0 < entry["psnr"] <= 100 and 0 < entry["ssim"] <= 1
+    assert Scoring(run, lpips=False).missing() == []
+    data = json.loads((run.root / "report" / "results.json").read_text())
+    (gain,) = data["correction_gains"]
+    assert gain["pruned16"] == base
+    taylor = run.read_metrics(KIND, INT2_TAYLOR.variant_id)[name]["psnr"]
+    plain = run.read_metrics(KIND, INT2.variant_id)[name]["psnr"]
+    assert gain["psnr_gain_vs_pruned16"]["mean"] == pytest.approx(taylor - plain)
+    assert "vs the pruned 16-bit cache" in result.output
+    assert "PSNR dB vs " in (run.root / "report" / "table.md").read_text()
