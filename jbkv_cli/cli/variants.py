@@ -24,7 +24,14 @@ from jbkv_cli.cli.options import (
     parse_method_options,
 )
 from jbkv_cli.run.ablations import ABLATIONS
-from jbkv_cli.run.bit_specs import parse_bit_list, side_bits
+from jbkv_cli.run.bit_specs import (
+    SIDE_WIDTHS,
+    BitPair,
+    LayerBits,
+    parse_bit_list,
+    parse_bit_spec,
+    side_bits,
+)
 from jbkv_cli.utils.errors import UsageError, shown
 
 if TYPE_CHECKING:  # torch: the variants are built once the options are checked
@@ -80,8 +87,14 @@ class CacheFlags(OptionGroup):
 
     panel: ClassVar[str] = "Cache"
     bits: Annotated[
-        int, typer.Option("--bits", "-b", help="Cache bits: 2, 3, 4, 8 (per method), or 16.")
-    ] = 16
+        str,
+        typer.Option(
+            "--bits",
+            "-b",
+            help="Cache bits: 1, 2, 3, 4, 8 (per method), or 16; K<bits>V<bits>; per layer, "
+            "e.g. K2V2@0-3+K2V1@4-; or asymkv:LK/LV (docs/corrections.md).",
+        ),
+    ] = "16"
     bf16: Annotated[bool, typer.Option("--bf16", help="Same as --bits 16.")] = False
     key_bits: Annotated[
         int | None,
@@ -124,9 +137,34 @@ class CacheFlags(OptionGroup):
         str | None, typer.Option("--ablation", help="keys-only, values-only or bias-only.")
     ] = None
 
+    def _bits(self) -> BitPair | LayerBits:
+        """``--bits`` (with ``--key-bits`` / ``--value-bits`` / ``--bf16``) as one spec (a
+        Python caller may give ``bits`` as a width)."""
+        text = "16" if self.bf16 else str(self.bits).strip()
+        if text.isdigit() and int(text) in SIDE_WIDTHS:
+            return side_bits(int(text), self.key_bits, self.value_bits)
+        if text.isdigit():
+            raise UsageError(f"--bits must be one of 1, 2, 3, 4, 8, 16, got {text}")
+        try:
+            parsed = parse_bit_spec(text)
+        except ValueError as exc:
+            raise UsageError(f"bad --bits: {exc}") from None
+        if self.key_bits is not None or self.value_bits is not None:
+            raise UsageError(
+                f"--bits {text} sets keys and values already; leave out --key-bits/--value-bits"
+            )
+        return parsed
+
     def spec(self) -> KVSpec:
         """The one variant these flags name; every bad combination is a usage error."""
-        pair = side_bits(16 if self.bf16 else self.bits, self.key_bits, self.value_bits)
+        bits = self._bits()
+        layers = bits if isinstance(bits, LayerBits) else None
+        if layers is not None:  # checked per layer below; the pair stands for its widths
+            keys = [w for w in layers.widths("key") if w != 16]
+            values = [w for w in layers.widths("value") if w != 16]
+            pair = BitPair(keys[0] if keys else 16, values[0] if values else 16)
+        else:
+            pair = bits
         active = [c for c in CLI_CORRECTIONS if c != "none"]
         if self.correction not in active:
             choices = f"{', '.join(active[:-1])} or {active[-1]}"
@@ -145,9 +183,10 @@ class CacheFlags(OptionGroup):
             raise UsageError("--correct and --ablation need a quantized cache (--bits 2/3/4/8)")
         if correct and pair.key == 16:
             raise UsageError("--correct needs quantized keys (--key-bits 2/3/4/8)")
-        if ablation is not None and not pair.uniform:
+        if ablation is not None and (layers is not None or not pair.uniform):
             raise UsageError(
-                "--ablation goes with one --bits for keys and values, not --key-bits/--value-bits"
+                "--ablation goes with one --bits for keys and values, not --key-bits/"
+                "--value-bits or a per-layer spec"
             )
         if ablation is not None and ablation not in ABLATIONS:
             raise UsageError(
@@ -173,6 +212,7 @@ class CacheFlags(OptionGroup):
             self.correction if correct else "none",
             pruner=pruner,
             value_bits=pair.value,
+            layers=layers,
             **kw,
         )
 
@@ -187,7 +227,8 @@ class SweepFlags(OptionGroup):
         typer.Option(
             "--bits",
             help="Bit widths, or K<bits>V<bits> for keys and values apart (16: that side "
-            "exact), e.g. 4,K4V2,K2V16 [default: 2,4; --frontier: 2,3,4].",
+            "exact), per layer (K2V2@0-3+K2V1@4-) or asymkv:LK/LV, e.g. 4,K4V2,K2V16 "
+            "[default: 2,4; --frontier: 2,3,4].",
         ),
     ] = None
     group_sizes: Annotated[
@@ -215,7 +256,8 @@ class SweepFlags(OptionGroup):
         typer.Option(
             "--pruners",
             help=f"Pruners: none,{','.join(pruner_names())}; each one prunes every quantized "
-            "variant and adds its 16-bit pruned variant.",
+            "variant and adds its 16-bit pruned variant, the second reference a correction's "
+            "gain on the pruned cache is scored against.",
         ),
     ] = "none"
     frontier: Annotated[
@@ -255,8 +297,15 @@ class SweepFlags(OptionGroup):
             else []
         )
         options = method_options(self.method_option)
-        from jbkv_cli.run.experiment import build_matrix
+        from jbkv_cli.quant.registry import METHODS
+        from jbkv_cli.run.experiment import build_matrix, supports
 
+        for bits in bit_list if self.bits else []:  # a default grid's widths: where defined
+            if not any(supports(q, bits) for q in quant_list):
+                have = "; ".join(
+                    f"{q}: {', '.join(map(str, METHODS[q].SUPPORTED_BITS))}" for q in quant_list
+                )
+                raise UsageError(f"--bits {bits}: no chosen method supports its widths ({have})")
         try:
             return build_matrix(
                 bit_list, quant_list, corr_list, groups, abl_list, options, prune_list

@@ -148,6 +148,10 @@ class ChunkKVCache:
             raise ValueError(f"window must be >= 0 chunks or None, got {window}")
         if (spec.pruner is None) != (pruning is None):
             raise ValueError("a cache gets its layer's pruning state exactly when the spec prunes")
+        if spec.layers is not None:
+            raise ValueError(
+                f"{spec.label} differs by layer: give each layer's cache spec.at_layer(layer)"
+            )
         self.rope = rope
         self.policies = {role: _policy(spec, role) for role in ROLES}
         _check_policies(spec, self.policies, rope)

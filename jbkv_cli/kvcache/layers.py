@@ -41,15 +41,20 @@ def layer_caches(
     rope: KeyRope | None = None,
 ) -> list[ChunkKVCache]:
     """One cache per layer of ``model``, with the pruner's plan for each layer when
-    ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout); ``rope``:
-    the caches hold keys before RoPE and rotate them on read (one table for every layer)."""
+    ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout), each at
+    its layer's widths when they differ by layer (:meth:`KVSpec.at_layer`; ``ValueError`` when
+    the per-layer spec does not fit ``layers``); ``rope``: the caches hold keys before RoPE and
+    rotate them on read (one table for every layer)."""
     if rope is None and spec.key_layout == "pre-rope":
         raise ValueError(f"{spec.label} caches keys before RoPE, which {model} does not support")
+    if spec.layers is not None:
+        spec.layers.check(layers)
     plans: list = [None] * layers
     if spec.pruner is not None:
         plans = spec.pruner.plans(model, layers, kv_heads, frame_tokens)
     caches = [
-        ChunkKVCache(spec, window, observer=observer, pruning=plan, rope=rope) for plan in plans
+        ChunkKVCache(spec.at_layer(i), window, observer=observer, pruning=plan, rope=rope)
+        for i, plan in enumerate(plans)
     ]
     for index, cache in enumerate(caches):
         cache.layer = index  # the diagnostics record per layer

@@ -5,6 +5,7 @@
     KVSpec()                                                           # the 16-bit reference
     KVSpec.build("rtn", 2, pruner=ForcingKV())                         # INT2 rtn g32 Forcing-KV
     KVSpec.build("rtn", 4, value_bits=2)               # K INT4 rtn g32 / V INT2 rtn g32
+    KVSpec.build("rtn", layers=parse_bit_spec("K2V2@0-3+K2V1@4-"))  # per layer: at_layer(i)
 
 ``key`` and ``value`` are compression methods (:mod:`jbkv_cli.quant`; None keeps that side in
 full precision: the keys-only / values-only ablations), ``correction`` a name from
@@ -14,6 +15,14 @@ full precision, ``pruner`` a :class:`~jbkv_cli.prune.base.KVPruner` choosing the
 KV head keeps (None: all; pruning composes with the methods: prune, then quantize what is kept,
 and with the correction on the kept keys). The reference is the spec with no method and no
 pruner. The variant's label and id (its run-folder name) derive from these.
+
+**Per layer** (``layers``, a :class:`~jbkv_cli.run.bit_specs.LayerBits`): the widths differ by
+attention layer. ``key`` and ``value`` then hold the method at the first width the spec names
+for that side (the template every layer's method is made from: the same options, its bits
+replaced) and :meth:`at_layer` gives each layer's plain spec; a cache is built from that
+(:func:`~jbkv_cli.kvcache.layer_caches`), never from the per-layer spec itself. A layer whose
+keys stay exact gets no correction. The id and label name the spec
+(``k2v2l0to3-k2v1l4up-rtn-g32``, ``K2V2@0-3+K2V1@4- rtn g32``).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from jbkv_cli.prune.registry import pruner_from_record
 from jbkv_cli.prune.registry import table_rank as pruner_rank
 from jbkv_cli.quant.method import KVMethod
 from jbkv_cli.quant.registry import build_method, table_rank
+from jbkv_cli.run.bit_specs import LayerBits, parse_bit_spec, taylor_outside
 
 REFERENCE_ID = "reference"
 LEGACY_REFERENCE_ID = "bf16"  # the reference folder of runs made before jbkv 0.2
@@ -41,12 +51,15 @@ class KVSpec:
     correction: str = "none"
     sink_chunks: int = 0
     pruner: KVPruner | None = None
+    layers: LayerBits | None = None
 
     def __post_init__(self) -> None:
         corr = get_correction(self.correction)
         object.__setattr__(self, "correction", corr.name)
         if corr.active and self.key is None:
             raise ValueError(f"the {corr.name} correction needs a key method (quantized keys)")
+        if self.layers is not None:
+            self._check_layers()
         if self.sink_chunks < 0:
             raise ValueError(f"sink_chunks must be >= 0, got {self.sink_chunks}")
         if self.pruner is not None and not corr.quantizes:
@@ -63,6 +76,37 @@ class KVSpec:
             if self.key_layout == "pre-rope":
                 raise ValueError("the pre-RoPE key layout is not implemented for pruned caches")
 
+    def _check_layers(self) -> None:
+        """The template methods are the first width each side names (None: no layer stores
+        that side compressed), one method for both, every width one it supports."""
+        layers = self.layers
+        for role, method in (("key", self.key), ("value", self.value)):
+            widths = [w for w in layers.widths(role) if w != 16]
+            first = widths[0] if widths else None
+            if (method.bits if method is not None else None) != first:
+                raise ValueError(
+                    f"the {role} method of the per-layer spec {layers} must be at its first "
+                    f"{role} width ({first}), got {None if method is None else method.bits}"
+                )
+            for width in widths[1:]:
+                _at_bits(method, width)  # ValueError: a width the method does not support
+        both = self.key is not None and self.value is not None
+        if both and _at_bits(self.value, self.key.bits) != self.key:
+            raise ValueError("a per-layer spec stores keys and values with one method")
+
+    def at_layer(self, layer: int) -> KVSpec:
+        """The plain spec of attention layer ``layer``: itself unless ``layers`` is set (then
+        the template methods at that layer's widths, the correction where its keys are
+        quantized; ``ValueError`` when the spec names no width for ``layer``)."""
+        if self.layers is None:
+            return self
+        pair = self.layers.at(layer)
+        template = self.key or self.value
+        key = None if pair.key == 16 else _at_bits(template, pair.key)
+        value = None if pair.value == 16 else _at_bits(template, pair.value)
+        correction = self.correction if key is not None else "none"
+        return replace(self, key=key, value=value, correction=correction, layers=None)
+
     @classmethod
     def build(
         cls,
@@ -77,12 +121,21 @@ class KVSpec:
         sink_chunks: int = 0,
         pruner: KVPruner | None = None,
         value_bits: int | None = None,
+        layers: LayerBits | None = None,
         **options: Any,
     ) -> KVSpec:
         """A variant by method name: ``quantizer`` applied to keys and/or values (after
         ``pruner``, when given). ``bits`` are the keys' and, unless ``value_bits`` says
         otherwise, the values' (16 keeps that side in full precision: ``value_bits=16`` is the
-        keys-only variant, ``bits=16`` with ``value_bits`` below 16 values-only)."""
+        keys-only variant, ``bits=16`` with ``value_bits`` below 16 values-only). ``layers``:
+        the widths per layer instead (``bits`` and ``value_bits`` are then ignored; no
+        ``keys``/``values``/``bias_only`` ablation)."""
+        if layers is not None:
+            if not (keys and values) or bias_only:
+                raise ValueError(f"the per-layer spec {layers} takes no ablation")
+            return cls._build_layered(
+                quantizer, layers, group_size, correction, sink_chunks, pruner, **options
+            )
         value_bits = bits if value_bits is None else value_bits
         if (quantizer == "none") != (bits == value_bits == 16):
             raise ValueError(
@@ -101,6 +154,30 @@ class KVSpec:
             correction = "bias-only"
         key, value = method if keys else None, value_method if values else None
         return cls(key, value, correction, sink_chunks, pruner)
+
+    @classmethod
+    def _build_layered(
+        cls,
+        quantizer: str,
+        layers: LayerBits,
+        group_size: int,
+        correction: str,
+        sink_chunks: int,
+        pruner: KVPruner | None,
+        **options: Any,
+    ) -> KVSpec:
+        if quantizer == "none":
+            raise ValueError(f"the per-layer spec {layers} needs a method")
+        first = {}
+        for role in ("key", "value"):
+            first[role] = next((w for w in layers.widths(role) if w != 16), None)
+        key = value = None
+        if first["key"] is not None:
+            key = build_method(quantizer, first["key"], group_size, **options)
+        if first["value"] is not None:
+            value = key if first["value"] == first["key"] else None
+            value = value or build_method(quantizer, first["value"], group_size, **options)
+        return cls(key, value, correction, sink_chunks, pruner, layers)
 
     def for_model(self, model: str, chunk_tokens: int | None = None) -> KVSpec:
         """The spec as ``model`` (``name`` or ``name:config``) runs it: each method's options
@@ -180,8 +257,24 @@ class KVSpec:
 
     @property
     def mixed(self) -> bool:
-        """Keys and values stored by different methods."""
+        """Keys and values stored by different methods (a per-layer spec: never; its layers
+        say)."""
+        if self.layers is not None:
+            return False
         return self.key is not None and self.value is not None and self.key != self.value
+
+    @property
+    def key_widths(self) -> tuple[int, ...]:
+        """The widths cached keys are stored at (in some layer; 16: exact)."""
+        if self.layers is not None:
+            return tuple(self.layers.widths("key"))
+        return (16,) if self.key is None else (self.key.bits,)
+
+    @property
+    def taylor_outside(self) -> bool:
+        """The taylor correction on 1-bit keys: outside its range
+        (:func:`~jbkv_cli.run.bit_specs.taylor_outside`)."""
+        return self.quantized and taylor_outside(self.key_widths, self.correction)
 
     def _parts(self, id_form: bool) -> list[str]:
         pruned = [] if self.pruner is None else [self._pruner_part(id_form)]
@@ -193,6 +286,11 @@ class KVSpec:
         return self.pruner.variant_id if id_form else self.pruner.label
 
     def _method_parts(self, id_form: bool) -> list[str]:
+        if self.layers is not None:  # the per-layer spec, then the method without its bits
+            m = self.method
+            if id_form:
+                return [self.layers.id_part, m.variant_id.removeprefix(f"int{m.bits}-")]
+            return [f"{self.layers} {m.label.removeprefix(f'INT{m.bits} ')}"]
         if self.mixed:
             if id_form:
                 return [f"k{self.key.variant_id}", f"v{self.value.variant_id}"]
@@ -263,6 +361,8 @@ class KVSpec:
         }
         if self.pruner is not None:
             out["pruner"] = self.pruner.to_dict()
+        if self.layers is not None:
+            out["layers"] = str(self.layers)
         return out
 
     @classmethod
@@ -270,7 +370,7 @@ class KVSpec:
         """Inverse of :meth:`to_dict`; also reads the flat format of jbkv ≤ 0.1 run folders."""
         if "quantizer" in data:
             return cls._from_flat(data)
-        unknown = set(data) - {"key", "value", "correction", "sink_chunks", "pruner"}
+        unknown = set(data) - {"key", "value", "correction", "sink_chunks", "pruner", "layers"}
         if unknown:
             raise ValueError(f"unknown KVSpec fields {sorted(unknown)}")
         return cls(
@@ -279,6 +379,7 @@ class KVSpec:
             data.get("correction", "none"),
             data.get("sink_chunks", 0),
             _pruner(data.get("pruner")),
+            _layers(data.get("layers")),
         )
 
     @classmethod
@@ -306,6 +407,22 @@ def _method(data: dict[str, Any] | None) -> KVMethod | None:
         raise ValueError("a method must be an object with a 'name'")
     options = {k: v for k, v in data.items() if k not in ("name", "bits", "group_size")}
     return build_method(data["name"], data.get("bits", 2), data.get("group_size", 32), **options)
+
+
+def _layers(text: Any) -> LayerBits | None:
+    """A stored per-layer spec (its text, :func:`~jbkv_cli.run.bit_specs.parse_bit_spec`)."""
+    if text is None:
+        return None
+    spec = parse_bit_spec(text) if isinstance(text, str) else None
+    if not isinstance(spec, LayerBits):
+        raise ValueError(f"layers must be a per-layer bit spec, got {text!r}")
+    return spec
+
+
+def _at_bits(method: KVMethod, bits: int) -> KVMethod:
+    """``method`` at ``bits`` (itself when it has them): the same options, validated again
+    (``ValueError`` for a width it does not support)."""
+    return method if method.bits == bits else replace(method, bits=bits)
 
 
 def _pruner(data: dict[str, Any] | None) -> KVPruner | None:

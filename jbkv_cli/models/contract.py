@@ -154,6 +154,23 @@ def resolve_spec(model: VideoModel, spec: KVSpec) -> KVSpec:
     return spec
 
 
+def check_layers(model: VideoModel, spec: KVSpec) -> None:
+    """A per-layer spec (``--bits K2V2@0-3+K2V1@4-``) against ``model``'s attention layers (its
+    :meth:`PrunableModel.head_layout`): a :class:`UsageError` when a range lies beyond them, a
+    layer has no width, or the model states no layout; nothing for other specs."""
+    if spec.layers is None:
+        return
+    if not hasattr(model, "head_layout"):
+        raise UsageError(
+            f"--bits {spec.layers}: model {model.name!r} states no attention layers "
+            "(no head_layout(), models/contract.py: PrunableModel)"
+        )
+    try:
+        spec.layers.check(model.head_layout()["layers"])
+    except ValueError as exc:
+        raise UsageError(f"--bits {spec.layers} on {model.name}: {exc}") from None
+
+
 def resolve_specs(model: VideoModel, specs: list[KVSpec]) -> list[KVSpec]:
     """:func:`resolve_spec` of each, in order, duplicates dropped."""
     return list(dict.fromkeys(resolve_spec(model, s) for s in specs))

@@ -24,7 +24,7 @@ from typing import Any
 
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.cases import Case
-from jbkv_cli.models.contract import resolve_spec
+from jbkv_cli.models.contract import check_layers, resolve_spec
 from jbkv_cli.models.registry import entry
 from jbkv_cli.plan.budget import Budget, Growth, fits
 from jbkv_cli.plan.device import (
@@ -208,6 +208,8 @@ def _run(
         model = build(**options)
         components = device.adopt_weights(model)
         resolved = [resolve_spec(model, s) for s in specs]
+        for spec in resolved:
+            check_layers(model, spec)  # a per-layer spec beyond its layers: a usage error
         variants: list[VariantPlan] = []
         first: dict[str, Split] = {}
         decoder = DECODER in components

@@ -23,8 +23,11 @@ not an error); a group with ``max = min`` stores ``Δ = 0`` and dequantizes to `
 any constant representable in BF16 round-trips bit for bit). A step above 448 (a group range over
 ``448 · (2^B − 1)``) cannot be stored and raises ``ValueError``.
 
-Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1 (little-end first; 1-bit codes, 8 per
-byte). INT3 packs 8 codes into 3 bytes (24 bits, exactly 3 bits per code), so it needs the
+At 1 bit the grid has two levels, ``z`` and ``z + Δ`` with ``Δ`` the group's whole range (both
+grids): each value is moved to the nearer end, ``|x − x̂| ≤ Δ/2`` still, but the error is set by
+the value (not spread over ``±Δ/2``; :mod:`jbkv_cli.run.bit_specs`, "1 bit").
+
+Packing: INT2 puts 4 codes in a byte, INT4 2, INT8 1, INT1 8 (little-end first). INT3 packs 8 codes into 3 bytes (24 bits, exactly 3 bits per code), so it needs the
 channel count to be a multiple of 8. Storage per element is therefore ``B + (8 + 16)/g`` bits.
 
 FP16 scales (``scales="fp16"``, KIVI's format): the same covering grid with ``z`` rounded down
@@ -43,7 +46,7 @@ ZERO_DTYPE = torch.bfloat16
 FP8_MAX = 448.0
 FP8_MIN_STEP = 2.0**-9
 FP16_MAX = 65504.0
-RTN_BITS = (2, 3, 4, 8)
+RTN_BITS = (1, 2, 3, 4, 8)  # 1: two levels, z and z + Δ (Δ the group's range)
 
 
 GRIDS = ("covering", "nearest")
@@ -174,7 +177,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         word = (blocks << shifts).sum(-1, dtype=torch.int32)  # [..., n/8], 24 bits used
         out = torch.stack([(word >> s) & 0xFF for s in (0, 8, 16)], dim=-1)
         return out.to(torch.uint8).flatten(-2)
-    if bits not in (1, 2, 4):  # 1: sign bits (TurboQuant's QJL sketch, its 1-bit codes)
+    if bits not in (1, 2, 4):  # 1: 1-bit codes and sign bits (TurboQuant's QJL sketch)
         raise ValueError(f"bits must be one of {RTN_BITS}, got {bits}")
     per_byte = 8 // bits
     if n % per_byte:

@@ -39,6 +39,11 @@ Choices where the paper and code are silent or jbkv differs (hence "after KIVI")
   ``B + 32/g``, and the reports measure it.
 - **Packing.** Codes are bit-packed into uint8 along the channels of each token (4 per byte at
   INT2, 2 at INT4); KIVI packs keys along tokens into int32. Same bytes per element.
+- **1 bit.** KIVI's paper and kernels run 2 and 4 bits; jbkv also offers 1 bit (two levels per
+  group, 2.0 bits per element at g32) because AsymKV (Tao et al., COLING 2025) quantizes the
+  KV cache of its 1-bit layers with KIVI's quantizer (per a third-party summary of the paper;
+  its code is not public): ``--quantizers kivi --bits asymkv:LK/LV``
+  (:mod:`jbkv_cli.run.bit_specs`).
 - Not reproduced: the fused CUDA/Triton kernels (scores on packed keys); attention here
   dequantizes the cache.
 
@@ -122,7 +127,7 @@ class KIVI(KVMethod):
         "after KIVI: keys per channel over token groups, values per token, FP16 scale and "
         "minimum, newest R tokens exact"
     )
-    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (2, 4)
+    SUPPORTED_BITS: ClassVar[tuple[int, ...]] = (1, 2, 4)  # 1: as AsymKV runs KIVI's quantizer
     noise_model: ClassVar[str] = ADDITIVE
 
     residual: int = option(DEFAULT_RESIDUAL, "int", lo=0, hi=MAX_RESIDUAL)

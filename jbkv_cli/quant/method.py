@@ -65,7 +65,7 @@ class KVMethod:
     noise_model: ClassVar[str] = ASSUMED
     UNUSED_OPTIONS: ClassVar[tuple[str, ...]] = ()
 
-    bits: int = option(2, "int", lo=2, hi=8, cli=False)
+    bits: int = option(2, "int", lo=1, hi=8, cli=False)  # 1: where SUPPORTED_BITS has it
     group_size: int = option(32, "int", lo=1, hi=MAX_GROUP_SIZE, cli=False)
 
     def __post_init__(self) -> None:

@@ -30,21 +30,24 @@ Summarize = Callable[[list[float]], dict[str, Any]]
 
 
 class Scores:
-    """Per-video PSNR of each variant, read once per report (``metrics/fidelity``)."""
+    """Per-video PSNR of each variant, read once per report: against the reference
+    (``metrics/fidelity``, the default ``kind``) or against the pruned 16-bit video
+    (``metrics/pruned16``, :mod:`jbkv_cli.run.pruned_base`)."""
 
     def __init__(self, run: RunDir) -> None:
         self.run = run
-        self._psnr: dict[str, dict[str, float]] = {}
+        self._psnr: dict[tuple[str, str], dict[str, float]] = {}
 
-    def psnr(self, vid: str) -> dict[str, float]:
-        if vid not in self._psnr:
-            fid = self.run.read_metrics("fidelity", vid)
-            self._psnr[vid] = {n: s["psnr"] for n, s in fid.items() if s.get("psnr") is not None}
-        return self._psnr[vid]
+    def psnr(self, vid: str, kind: str = "fidelity") -> dict[str, float]:
+        if (kind, vid) not in self._psnr:
+            fid = self.run.read_metrics(kind, vid)
+            psnr = {n: s["psnr"] for n, s in fid.items() if s.get("psnr") is not None}
+            self._psnr[kind, vid] = psnr
+        return self._psnr[kind, vid]
 
-    def diffs(self, vid_a: str, vid_b: str) -> list[float]:
-        """PSNR(b) − PSNR(a) over the videos both have, in name order."""
-        a, b = self.psnr(vid_a), self.psnr(vid_b)
+    def diffs(self, vid_a: str, vid_b: str, kind: str = "fidelity") -> list[float]:
+        """PSNR(b) − PSNR(a) over the videos both have, in name order (both of ``kind``)."""
+        a, b = self.psnr(vid_a, kind), self.psnr(vid_b, kind)
         return [b[n] - a[n] for n in sorted(set(a) & set(b))]
 
 
@@ -124,18 +127,33 @@ LEGEND = (
 )
 
 
+def _paired_text(g: dict[str, Any]) -> str:
+    """``+0.42 ± 0.18 dB paired, [+0.05, +0.79], p_t …``."""
+    se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
+    stats = describe(g, with_mean=False)
+    stats = f", {stats}" if stats else ""
+    return f"{g['mean']:+.2f}{se} dB paired{stats}"
+
+
 def gain_line(gain: dict[str, Any]) -> str | None:
-    """``taylor on INT2 rtn g32: PSNR +0.42 ± 0.18 dB paired, [+0.05, +0.79], p_t …``."""
+    """``taylor on INT2 rtn g32: PSNR +0.42 ± 0.18 dB paired, [+0.05, +0.79], p_t …``; on a
+    pruned and quantized format with its pruned 16-bit variant in the run, both gains, each
+    naming its reference: ``… PSNR vs the full reference +0.08 …; vs the pruned 16-bit cache
+    (16-bit flowcache) +0.40 …``."""
     g = gain.get("psnr_gain")
     if not g:
         return None
-    se = f" ± {g['se']:.2f}" if g.get("se") is not None else ""
     frac = gain.get("recovered_fraction")
     rec = f" ({frac:+.0%} of the gap to {gain['gap_to']})" if frac is not None else ""
-    stats = describe(g, with_mean=False)
-    stats = f", {stats}" if stats else ""
     label = f"{gain['correction']} on {gain['label']}"
-    return f"{label}: PSNR {g['mean']:+.2f}{se} dB paired{stats}{rec}"
+    if not gain.get("pruned16"):
+        return f"{label}: PSNR {_paired_text(g)}{rec}"
+    g16 = gain.get("psnr_gain_vs_pruned16")
+    vs16 = _paired_text(g16) if g16 else "no video has both scores"
+    return (
+        f"{label}: PSNR vs the full reference {_paired_text(g)}{rec}; "
+        f"vs the pruned 16-bit cache ({gain.get('pruned16_label') or gain['pruned16']}) {vs16}"
+    )
 
 
 def method_line(group: dict[str, Any]) -> str:
@@ -204,9 +222,13 @@ def comparison_table(data: dict[str, Any]) -> list[list[str]]:
     two are user text: variant labels). Holm cells end in `` *`` when significant."""
     items = []
     for g in data.get("correction_gains") or []:
-        items.append(
-            (f"{g['correction']} on {g['label']}", "uncorrected", "PSNR dB", g["psnr_gain"])
-        )
+        what = f"{g['correction']} on {g['label']}"
+        if not g.get("pruned16"):
+            items.append((what, "uncorrected", "PSNR dB", g["psnr_gain"]))
+            continue
+        base = g.get("pruned16_label") or g["pruned16"]
+        items.append((what, "uncorrected", "PSNR dB vs the full reference", g["psnr_gain"]))
+        items.append((what, "uncorrected", f"PSNR dB vs {base}", g["psnr_gain_vs_pruned16"]))
     for grp in data.get("method_comparisons") or []:
         for c in grp["comparisons"]:
             items.append((c["label"], grp["best_label"], "PSNR dB", c["psnr_diff"]))
@@ -216,7 +238,7 @@ def comparison_table(data: dict[str, Any]) -> list[list[str]]:
     for what, against, metric, s in items:
         if not s:
             continue
-        digits = 4 if metric == "ΔP_S" else 2
+        digits = 4 if metric == "ΔP_S" else 2  # (a PSNR metric may name a label: user text)
         ci = s.get("ci95")
         ci_text = "—" if not ci else f"[{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
         ps = [

@@ -215,10 +215,18 @@ def _gains(gains: list[ResultRow]) -> str:
         rec = f" ({frac:+.0%} of the gap to {_bdi(g['gap_to'])})" if frac is not None else ""
         stats = describe(d, with_mean=False)
         stats = f", {stats}" if stats else ""
-        items.append(
-            f"<li>{_bdi(g['correction'])} on {_bdi(g['label'])}: "
-            f"PSNR {d['mean']:+.2f}{_e(se)} dB paired{_e(stats)}{rec}</li>"
-        )
+        head = f"{_bdi(g['correction'])} on {_bdi(g['label'])}: PSNR "
+        text = f"{d['mean']:+.2f}{_e(se)} dB paired{_e(stats)}{rec}"
+        if g.get("pruned16"):  # both gains, each naming its reference
+            d16 = g.get("psnr_gain_vs_pruned16")
+            vs16 = "no video has both scores"
+            if d16:
+                se16 = f" ± {d16['se']:.2f}" if d16.get("se") is not None else ""
+                stats16 = describe(d16, with_mean=False)
+                vs16 = f"{d16['mean']:+.2f}{se16} dB paired" + (f", {stats16}" if stats16 else "")
+            base = _bdi(g.get("pruned16_label") or g["pruned16"])
+            text = f"vs the full reference {text}; vs the pruned 16-bit cache ({base}) {_e(vs16)}"
+        items.append(f"<li>{head}{text}</li>")
     return f"<ul>{''.join(items)}</ul>" if items else ""
 
 

@@ -122,6 +122,10 @@ class ResultRow:
     # the share of rows a pruner dropped (kvcache/coverage.py); None: not recorded (old runs)
     compressed_share: float | None = None
     pruned_share: float | None = None
+    # widths per layer (``--bits K2V2@0-3+K2V1@4-``; None: one width for every layer), and
+    # whether the taylor correction met 1-bit keys, outside its range (run/bit_specs.py)
+    layer_bits: str | None = None
+    taylor_outside: bool = False
 
     @property
     def is_reference(self) -> bool:
@@ -197,6 +201,8 @@ class ResultRow:
         for key in ("keys", "values"):
             kw[key] = True if kw[key] is None else bool(kw[key])
         kw["corrected"], kw["bias_only"] = bool(kw["corrected"]), bool(kw["bias_only"])
+        kw["taylor_outside"] = kw["taylor_outside"] is True
+        kw["layer_bits"] = kw["layer_bits"] if isinstance(kw["layer_bits"], str) else None
         kw["pruner"] = kw["pruner"] if isinstance(kw["pruner"], str) else "none"
         kw["bits"] = kw["bits"] if type(kw["bits"]) is int else 16
         kw["value_bits"] = kw["value_bits"] if type(kw["value_bits"]) is int else None

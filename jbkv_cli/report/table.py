@@ -27,6 +27,8 @@ from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import bias_share_by_layer, memory_fields
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.run.directory import RunDir, video_name
+from jbkv_cli.run.pruned_base import KIND as PRUNED16
+from jbkv_cli.run.pruned_base import pruned_baselines
 from jbkv_cli.run.schema import BIG, vbench_problem
 from jbkv_cli.utils.console import plain
 from jbkv_cli.utils.errors import JbkvError
@@ -146,6 +148,8 @@ def build_rows(run: RunDir) -> list[ResultRow]:
                 **{m: Stat.of([d.get(m) for d in diag]) for m in ERROR_METRICS},
                 bias_share_by_layer=bias_share_by_layer(records),
                 **_coverage(spec, records),
+                layer_bits=None if spec.layers is None else str(spec.layers),
+                taylor_outside=spec.taylor_outside,
             )
         )
     return rows
@@ -190,7 +194,10 @@ def _label(spec, run: RunDir, reference: bool) -> str:
 
 
 def _bits_cell(row: ResultRow) -> str:
-    """``4``, or ``K4V2`` where keys and values are stored at different widths."""
+    """``4``, ``K4V2`` where keys and values are stored at different widths, or the per-layer
+    spec (``K2V2@0-3+K2V1@4-``)."""
+    if row.layer_bits is not None:
+        return row.layer_bits
     if row.value_bits is None or row.value_bits == row.bits:
         return str(row.bits)
     return f"K{row.bits}V{row.value_bits}"
@@ -234,8 +241,16 @@ def paired_differences(
     of the gap to the same format with more bits (INT_low → INT_high) it recovers. Variants that
     differ only in a method option (KIVI's residual, a rotation seed) are kept apart.
     ``psnr_gain`` holds the paired statistics (:func:`~jbkv_cli.metrics.paired.paired_summary`),
-    Holm-adjusted over the gains of the run."""
+    Holm-adjusted over the gains of the run: both scored against the full reference.
+
+    A pruned and quantized format whose pruner's 16-bit variant is in the run also gets the gain
+    scored against that pruned 16-bit video (:mod:`jbkv_cli.run.pruned_base`):
+    ``pruned16`` (its variant id), ``pruned16_label``, ``psnr_gain_vs_pruned16`` (paired
+    statistics, Holm-adjusted over these gains of the run; None when no video has both scores);
+    None for the others."""
     scores = scores or Scores(run)
+    bases = pruned_baselines(run.variants())
+    labels = {r.variant: r.label for r in rows}
     by_key = {(_family(r), r.bits, r.correction): r for r in rows if r.full and not r.is_reference}
     out = []
     for (fam, b, c), row in by_key.items():
@@ -252,6 +267,9 @@ def paired_differences(
         if higher and base.psnr and higher[0].psnr:
             gap = higher[0].psnr.mean - base.psnr.mean
         recovered = diff["mean"] / gap if diff and gap else None
+        base16 = bases.get(row.variant)
+        base16 = base16 if base16 == bases.get(base.variant) else None
+        vs16 = scores.diffs(base.variant, row.variant, PRUNED16) if base16 else []
         out.append(
             {
                 "quantizer": row.quantizer,
@@ -264,9 +282,13 @@ def paired_differences(
                 "gap_to": higher[0].variant if higher else None,
                 "gap_db": gap,
                 "recovered_fraction": recovered,
+                "pruned16": base16,
+                "pruned16_label": labels.get(base16) if base16 else None,
+                "psnr_gain_vs_pruned16": paired_summary(vs16) if vs16 else None,
             }
         )
     with_holm([g["psnr_gain"] for g in out])
+    with_holm([g["psnr_gain_vs_pruned16"] for g in out])
     return out
 
 
@@ -398,7 +420,7 @@ def table_cells(
         scheme = r.quantizer + ("" if r.keys and r.values else (" K-only" if r.keys else " V-only"))
         scheme += "" if r.pruner == "none" else f" + {r.pruner}"
         lp = fmt("LPIPS ↓", r.lpips, 4) if r.lpips else ("—" if ref else "n/a")
-        mark = r.compression_mark
+        mark = "; ".join(m for m in (r.compression_mark, TAYLOR_MARK * r.taylor_outside) if m)
         full = {
             "variant": r.label + (f" [{mark}]" if mark else ""),
             "scheme": "—" if ref else scheme + (" bias-only" if r.bias_only else ""),
@@ -422,6 +444,14 @@ def table_cells(
         }
         cells.append([full[c] for c in cols])
     return cols, cells, best
+
+
+TAYLOR_MARK = "taylor outside its range: 1-bit keys"
+TAYLOR_NOTE = (
+    "Rows marked *taylor outside its range* apply the taylor correction to 1-bit keys, where "
+    'its small-step expansion does not hold (docs/corrections.md, "1-bit keys"); exact and '
+    "signed run as they are."
+)
 
 
 def megabytes(n: int | None) -> str:
@@ -462,6 +492,8 @@ def _rich_cell(text: str, column: str, best: bool) -> Text | str:
 def print_table(console: Console, rows: list[ResultRow], title: str) -> None:
     """The main table at the console's width (:data:`LAYOUTS`), then the VBench table if any."""
     print_fitted(console, lambda layout: rich_table(rows, title, layout), LAYOUTS)
+    if any(r.taylor_outside for r in rows):
+        console.print(plain(TAYLOR_NOTE.replace("*", "")))
     entries = [(r.label, r.vbench) for r in rows if r.vbench]
     if entries:
         print_vbench_table(console, entries)
@@ -526,6 +558,8 @@ def to_markdown(rows: list[ResultRow]) -> str:
             for c, t in zip(cols, row_cells, strict=True)
         ]
         lines.append("| " + " | ".join(marked) + " |")
+    if any(r.taylor_outside for r in rows):
+        lines += ["", TAYLOR_NOTE]
     entries = [(r.label, r.vbench) for r in rows if r.vbench]
     if entries:
         vcols, vcells = vbench_cells(entries)

@@ -29,9 +29,11 @@ from jbkv_cli.models.contract import CasePlanner, PromptCheck, VideoModel
 from jbkv_cli.prune.registry import build_pruner
 from jbkv_cli.quant.registry import METHODS
 from jbkv_cli.run.ablations import ABLATIONS
-from jbkv_cli.run.bit_specs import BitPair
+from jbkv_cli.run.bit_specs import BitPair, LayerBits
 from jbkv_cli.run.directory import RunDir, check_inputs, check_prompt, video_name
 from jbkv_cli.run.fingerprints import Fingerprint, expand, fingerprint
+from jbkv_cli.run.pruned_base import KIND as PRUNED16
+from jbkv_cli.run.pruned_base import pruned_baselines
 from jbkv_cli.run.shards import merge_shards, save_scores
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.console import visible
@@ -43,7 +45,7 @@ HISTOGRAM_SAMPLES = 2000
 
 
 def build_matrix(
-    bits: Iterable[int | BitPair],
+    bits: Iterable[int | BitPair | LayerBits],
     quantizers: Iterable[str],
     corrections: Iterable[str],
     group_sizes: Iterable[int] | None,
@@ -53,9 +55,10 @@ def build_matrix(
 ) -> list[KVSpec]:
     """The reference plus every quantized combination, then the ablations (uncorrected).
 
-    ``bits``: widths, or :class:`~jbkv_cli.run.bit_specs.BitPair` key and value widths
+    ``bits``: widths, :class:`~jbkv_cli.run.bit_specs.BitPair` key and value widths
     (16: that side exact; values-only pairs get the uncorrected variant alone, ablations come
-    with plain widths). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
+    with plain widths) or :class:`~jbkv_cli.run.bit_specs.LayerBits` widths per layer (one
+    variant each, with a method that supports every width it names; no ablations). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
     {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
     quantized combination (not the ablations). ``group_sizes`` None: each method at its
@@ -67,6 +70,9 @@ def build_matrix(
     for q in quantizers:
         for g in group_sizes or [METHODS[q].default_group_size()]:
             for b in bits:
+                if isinstance(b, LayerBits):
+                    specs += _layered(b, q, g, corrections, chosen, options.get(q, {}))
+                    continue
                 kb, vb = (b, b) if isinstance(b, int) else (b.key, b.value)
                 if any(w != 16 and w not in METHODS[q].SUPPORTED_BITS for w in (kb, vb)):
                     continue
@@ -81,6 +87,40 @@ def build_matrix(
                 for a in ablations:
                     specs.append(KVSpec.build(q, kb, g, "none", **ABLATIONS[a], **kw))
     return list(dict.fromkeys(specs))
+
+
+def supports(quantizer: str, bits: int | BitPair | LayerBits) -> bool:
+    """Whether method ``quantizer`` supports every width ``bits`` names (16: exact, any)."""
+    if isinstance(bits, int):
+        widths = [bits]
+    elif isinstance(bits, BitPair):
+        widths = [bits.key, bits.value]
+    else:
+        widths = bits.widths("key") + bits.widths("value")
+    return all(w == 16 or w in METHODS[quantizer].SUPPORTED_BITS for w in widths)
+
+
+def _layered(
+    layers: LayerBits,
+    quantizer: str,
+    group_size: int,
+    corrections: Iterable[str],
+    pruners: list,
+    options: dict[str, Any],
+) -> list[KVSpec]:
+    """The per-layer variants of one method and group size: each correction (an active one
+    only where some layer quantizes keys) × pruner; none where the method lacks a width."""
+    if not supports(quantizer, layers):
+        return []
+    keys = any(w != 16 for w in layers.widths("key"))
+    return [
+        KVSpec.build(
+            quantizer, group_size=group_size, correction=c, pruner=p, layers=layers, **options
+        )
+        for p in pruners
+        for c in corrections
+        if keys or not get_correction(c).active
+    ]
 
 
 @dataclass
@@ -340,7 +380,11 @@ class Scoring:
       ``report --score``, which loads no model: none made);
     - ``metrics/floor/<reference>/<video>.json``: a reference video of seed index ``i ≥ 1``
       scored against the reference of the same prompt at index 0, the PSNR two samples of one
-      prompt have per chunk (made once both exist).
+      prompt have per chunk (made once both exist);
+    - ``metrics/pruned16/<variant>/<video>.json``: a pruned and quantized video scored against
+      the same pruner's 16-bit video of the same prompt and seed, when the run has that variant
+      (:mod:`jbkv_cli.run.pruned_base`; made once both exist: in this process's pass, else by
+      :meth:`finish`, a resumed run or ``report --score``).
 
     A reference's own files are made when its first pair is scored (under torchrun: by rank 0
     in :meth:`merge`).
@@ -363,6 +407,9 @@ class Scoring:
         self._pending: list[Pair] = []
         self._ref: tuple[str, torch.Tensor] | None = None  # the last reference decoded
         self._older: dict[tuple[str, str], dict[str, Any]] = {}  # variants' files of older runs
+        self._bases: dict[str, str] = {}  # pruned + quantized variant -> its 16-bit variant
+        self._base: tuple[str, str, torch.Tensor] | None = None  # the last 16-bit video decoded
+        self._later: list[Pair] = []  # pairs scored before their pruned 16-bit video existed
         self._progress: Progress | None = None
         self._task = None
         self._total = 0
@@ -378,19 +425,30 @@ class Scoring:
         refs |= set(planned)
         settings = run.manifest.get("settings", {})
         ref_todo = self._reference_todo(refs)
+        bases = pruned_baselines(run.variants())
         todo = []
         for vid in run.variants():
             if vid == reference:
                 continue
             done = run.read_metrics("fidelity", vid)
             checked = run.read_metrics("prompt", vid) if self.check else {}
+            base = bases.get(vid)
+            against = run.read_metrics(PRUNED16, vid) if base else {}
             for rec in run.records(vid):
                 name = video_name(rec["prompt"], rec["index"])
                 stale = name not in done or _stale(done[name], self.scorer)
                 unchecked = self.check is not None and name not in checked
-                if name in refs and (stale or unchecked or name in ref_todo):
+                unpaired = self._pruned_todo(base, name, against.get(name))
+                if name in refs and (stale or unchecked or unpaired or name in ref_todo):
                     todo.append((vid, name, *_chunks(rec, settings)))
         return todo
+
+    def _pruned_todo(self, base: str | None, name: str, entry: dict[str, Any] | None) -> bool:
+        """Whether a video's score against its pruned 16-bit video ``base`` is missing (or
+        lacks LPIPS that is now available) and can be made (``base``'s video is done)."""
+        if base is None or not self.run.is_done(base, name):
+            return False
+        return entry is None or _stale(entry, self.scorer)
 
     def _reference_todo(self, refs: set[str]) -> set[str]:
         """Reference videos whose prompt check or floor is missing (and can be made)."""
@@ -443,7 +501,9 @@ class Scoring:
             self._pending.remove(pair)
 
     def finish(self) -> None:
-        """Score every queued pair, waiting for references other ranks are still making."""
+        """Score every queued pair, waiting for references other ranks are still making; then
+        the scores against pruned 16-bit videos that were not done when their pair was scored
+        (those still missing: left to a resumed run or ``report --score``)."""
         self.score_ready()
         while self._pending:
             distributed.wait_until(
@@ -451,6 +511,9 @@ class Scoring:
                 "waiting for reference videos that other ranks make",
             )
             self.score_ready()
+        later, self._later = self._later, []
+        for vid, name, chunk_frames, first in later:
+            self._score_pruned(vid, name, None, chunk_frames, first)
 
     def merge(self) -> None:
         """Rank 0 of a torchrun job, after the ranks met: move shards of older versions, and
@@ -488,9 +551,48 @@ class Scoring:
             entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
             save_scores(run, "fidelity", vid, {name: entry})
         self._check_prompt(vid, name, frames, chunk_frames)
+        self._score_pruned(vid, name, frames, chunk_frames, first)
         distributed.beat()
         if self._progress:
             self._progress.advance(self._task)
+
+    def _score_pruned(
+        self,
+        vid: str,
+        name: str,
+        frames: torch.Tensor | None,
+        chunk_frames: int | None,
+        first: int | None,
+    ) -> None:
+        """Save the score of a pruned and quantized video against its pruned 16-bit video when
+        the run has one and none is saved (module :mod:`jbkv_cli.run.pruned_base`); queued for
+        :meth:`finish` when that video is not done yet."""
+        run = self.run
+        if vid not in self._bases:
+            self._bases = pruned_baselines(run.variants())
+        base = self._bases.get(vid)
+        if base is None:
+            return
+        if not run.is_done(base, name):
+            self._later.append((vid, name, chunk_frames, first))
+            return
+        current = self._saved(PRUNED16, vid, name)
+        if current is not None and not _stale(current, self.scorer):
+            return
+        if self._base is None or self._base[:2] != (base, name):
+            self._base = (base, name, run.load_frames(base, name))
+        frames = run.load_frames(vid, name) if frames is None else frames
+        s = compare_videos(
+            self._base[2],
+            frames,
+            0,
+            self.scorer,
+            name=name,
+            chunk_frames=chunk_frames,
+            first_chunk_frames=first,
+        )
+        entry = s.to_dict(per_frame=True) | {"lpips_status": self.status, "against": base}
+        save_scores(run, PRUNED16, vid, {name: entry})
 
     def _saved(self, kind: str, vid: str, name: str) -> dict[str, Any] | None:
         """One video's saved entry of ``kind`` (its own file, else the variant's file of an older

@@ -330,7 +330,24 @@ def floor_problem(entry: Any) -> str | None:
     return None
 
 
-SCORE_CHECKS = {"fidelity": score_problem, "prompt": prompt_problem, "floor": floor_problem}
+def pruned16_problem(entry: Any) -> str | None:
+    """Why ``entry`` is not one video's score against its pruned 16-bit video
+    (``metrics/pruned16/…``, :mod:`jbkv_cli.run.pruned_base`: a fidelity score and ``against``,
+    the 16-bit variant), or None."""
+    problem = score_problem(entry)
+    if problem:
+        return problem
+    if not isinstance(entry.get("against"), str):
+        return _bad("against", "a variant name", entry.get("against"))
+    return None
+
+
+SCORE_CHECKS = {
+    "fidelity": score_problem,
+    "prompt": prompt_problem,
+    "floor": floor_problem,
+    "pruned16": pruned16_problem,
+}
 """Per kind of score (``metrics/<kind>/…``): its check."""
 
 

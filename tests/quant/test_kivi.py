@@ -37,7 +37,7 @@ def _fp16_grid(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
 # --- the definition ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("bits", [1, 2, 4])  # 1: as AsymKV runs KIVI's quantizer
 def test_keys_are_quantized_per_channel_over_groups_of_tokens(bits):
     k = _keys()
     qt = KIVI(bits, 32).quantize(k, "key")
@@ -61,7 +61,7 @@ def test_a_key_outlier_moves_only_its_channel_and_token_group():
     assert changed[0, 0, 1, 5] and int(changed.sum()) == 1
 
 
-@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("bits", [1, 2, 4])  # 1: as AsymKV runs KIVI's quantizer
 def test_values_are_quantized_per_token_over_groups_of_channels(bits):
     v = _keys(seed=1)
     qt = KIVI(bits, 32).quantize(v, "value")
@@ -132,7 +132,7 @@ def test_per_channel_keys_beat_per_token_groups_on_outlier_channels():
 # --- storage -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("bits", [1, 2, 4])
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_storage_is_measured_from_stored_tensors(bits, group_size):
     x = _keys(tokens=256, dim=128, heads=4)
@@ -148,7 +148,7 @@ def test_storage_is_measured_from_stored_tensors(bits, group_size):
 
 
 def test_bits_and_options_are_validated():
-    with pytest.raises(ValueError, match="supports bits 2, 4"):
+    with pytest.raises(ValueError, match="supports bits 1, 2, 4"):
         KIVI(bits=3)
     with pytest.raises(ValueError, match="multiple of group_size 32"):
         KIVI(2, 32, residual=48)

@@ -26,7 +26,7 @@ def test_registry_order_and_names_come_from_the_classes():
         build_method("gptq", 2)
     with pytest.raises(ValueError, match="does not take these options"):
         build_method("rtn", 2, 32, seed=3)
-    with pytest.raises(ValueError, match="supports bits 2, 3, 4, 8"):
+    with pytest.raises(ValueError, match="supports bits 1, 2, 3, 4, 8"):
         RTN(bits=5)
 
 
@@ -115,3 +115,17 @@ def test_a_method_registered_from_outside_runs_through_quantize_eval(quick_eval)
         ]  # registry order
     finally:
         METHODS.pop("toy-truncate", None)
+
+
+def test_one_bit_codes_where_a_method_supports_them_and_a_refusal_elsewhere():
+    """1 bit (two levels per group): the group-wise RTN family and KIVI (as AsymKV runs it);
+    every other method refuses it with its supported widths (issue 37.4)."""
+    one = [name for name, cls in METHODS.items() if 1 in cls.SUPPORTED_BITS]
+    assert one == ["rtn", "rtn-nearest", "quarot", "kivi"]
+    for name, cls in METHODS.items():
+        group = cls.default_group_size()
+        if name in one:
+            assert build_method(name, 1, group).bits == 1
+            continue
+        with pytest.raises(ValueError, match=rf"^{name} supports bits [0-9, ]+, got 1$"):
+            build_method(name, 1, group)

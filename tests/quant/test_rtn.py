@@ -16,7 +16,7 @@ from jbkv_cli.quant.groupwise import (
 
 
 @settings(max_examples=60, deadline=None)
-@given(bits=st.sampled_from([2, 3, 4, 8]), blocks=st.integers(1, 6), seed=st.integers(0, 2**31))
+@given(bits=st.sampled_from([1, 2, 3, 4, 8]), blocks=st.integers(1, 6), seed=st.integers(0, 2**31))
 def test_pack_unpack_round_trip(bits, blocks, seed):
     n = 8 * blocks
     gen = torch.Generator().manual_seed(seed)
@@ -32,7 +32,7 @@ def test_int2_packs_four_codes_little_end_first():
     assert pack_codes(codes, 2).item() == 1 | (2 << 2) | (3 << 4)
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("group_size", [8, 32, 64])
 def test_error_bounded_by_half_step(bits, group_size):
     x = torch.randn(4, 2, 50, 64, generator=torch.Generator().manual_seed(bits)) * 3
@@ -42,7 +42,7 @@ def test_error_bounded_by_half_step(bits, group_size):
     assert ((x - x_hat).abs() <= half * (1 + 1e-5) + 1e-6).all()
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_stored_grid_covers_range_no_clamping(bits):
     # The top code must never be needed beyond 2^B - 1: max reaches at most the top grid point.
     x = torch.randn(2000, 32, generator=torch.Generator().manual_seed(1)) * 0.7
@@ -64,6 +64,26 @@ def test_mean_error_is_zero_no_bias(bits):
     assert err.mean(0).abs().max() < 0.02 * mean_step
 
 
+@pytest.mark.parametrize("grid", ["covering", "nearest"])
+def test_one_bit_codes_are_the_two_ends_of_each_group(grid):
+    """At 1 bit a group has two levels, ``z`` and ``z + Δ`` with ``Δ`` the group's range (up to
+    the FP8/BF16 rounding of the stored grid), and each value goes to the nearer one; the codes
+    take 1 bit each and the group's step and zero point 24 bits: ``1 + 24/g`` bits per element."""
+    x = torch.randn(300, 64, generator=torch.Generator().manual_seed(5)) * 2
+    codes, step, zero = quantize_groups(x, 1, 32, grid)
+    assert set(codes.unique().tolist()) <= {0, 1}
+    lo, hi = x.unflatten(-1, (2, 32)).aminmax(dim=-1)
+    d, z = step.float(), zero.float()
+    assert torch.allclose(d, hi - lo, rtol=0.13) and torch.allclose(z, lo, rtol=0.01, atol=0.02)
+    x_hat = dequantize_groups(codes, step, zero)
+    ends = torch.stack([z, z + d]).repeat_interleave(32, -1)  # [2, N, D]
+    nearer = (x - ends).abs().argmin(0)
+    assert (nearer == codes.long()).float().mean() > 0.999  # ties at the midpoint aside
+    assert torch.equal(x_hat, ends.gather(0, codes.long().unsqueeze(0)).squeeze(0))
+    qt = quantize_kv(x, bits=1, group_size=32)
+    assert qt.nbytes * 8 == x.numel() * (1 + 24 / 32)
+
+
 def test_covering_grid_rounds_group_extremes_outward():
     """The stored grid covers each group (step rounded up to FP8, zero point down), so a
     group's maximum is never rounded down and its minimum never up: keys grow along themselves
@@ -83,7 +103,7 @@ def test_covering_grid_rounds_group_extremes_outward():
 def test_constant_group_dequantizes_exactly():
     x = torch.randn(5, 64)
     x[:, :32] = torch.tensor([0.0, 1.5, -3.25, 7.0, 100.0]).unsqueeze(-1)
-    for bits in (2, 3, 4, 8):
+    for bits in (1, 2, 3, 4, 8):
         qt = quantize_kv(x, bits=bits, group_size=32)
         assert (qt.step[:, 0] == 0).all()
         assert torch.equal(qt.dequantize()[:, :32], x[:, :32])

@@ -58,8 +58,10 @@ PlanOpt = Annotated[
 
 def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
     """Every method of ``specs`` can store this model's heads (group sizes, rotation blocks);
-    every pruner can run on it (its head profile is read and checked here)."""
+    every pruner can run on it (its head profile is read and checked here); every per-layer
+    spec fits its attention layers."""
     _check_pruners(model, specs)
+    _check_layers(model, specs)
     head_dim = model.settings.get("head_dim")
     if head_dim is None:
         return
@@ -72,6 +74,27 @@ def _check_specs(model: VideoModel, specs: list[KVSpec]) -> None:
                 if method.group_size == method.default_group_size():
                     hint = f" (g{method.group_size} is {method.name}'s default: give --group-size)"
                 raise UsageError(f"{method.label} on {model.name}: {exc}{hint}") from None
+
+
+def _check_layers(model: VideoModel, specs: list[KVSpec]) -> None:
+    """Per-layer specs (``--bits K2V2@0-3+K2V1@4-``) against the model's attention layers."""
+    from jbkv_cli.models.contract import check_layers
+
+    for spec in specs:
+        check_layers(model, spec)
+
+
+def _warn_taylor(model: VideoModel, specs: list[KVSpec]) -> None:
+    """One stderr line per variant that applies the taylor correction to 1-bit keys: outside
+    the expansion's range (:mod:`jbkv_cli.run.bit_specs`), marked in its row."""
+    if not distributed.is_main():
+        return
+    for spec in specs:
+        if spec.taylor_outside:
+            warn(
+                f"{spec.label} on {model.name}: taylor at 1-bit keys is outside its small-step "
+                "range; its row will be marked (exact and signed run as they are)"
+            )
 
 
 def _check_pruners(model: VideoModel, specs: list[KVSpec]) -> None:
@@ -250,6 +273,7 @@ def generate(
     if problem:
         raise UsageError(f"{spec.pruner.name} cannot prune {spec.label}: {problem}")
     _warn_noops(m, [spec])
+    _warn_taylor(m, [spec])
     run = open_run(root, model, m.settings, files)
     specs = [FULL_PRECISION, spec] if reference and spec != FULL_PRECISION else [spec]
     summary = generate_all(m, run, specs, items, diagnostics=diagnostics)
@@ -345,6 +369,7 @@ def quantize_eval(
         model_specs = _prunable_specs(m, model_specs)
         _check_specs(m, model_specs)
         _warn_noops(m, model_specs)
+        _warn_taylor(m, model_specs)
         root = out_dir / name
         run = open_run(root, name, m.settings, files[name])
         # each video is scored as soon as it is made, and checked against its prompt (when

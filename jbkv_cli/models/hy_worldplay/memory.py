@@ -102,12 +102,14 @@ class WorldPlayCache:
         if kv.pruner is not None:
             raise ValueError("HY-WorldPlay's memory is rebuilt every chunk; it is not pruned")
         self.kv = kv
+        if kv.layers is not None:
+            kv.layers.check(layers)
+        per_layer = [kv.at_layer(i) for i in range(layers)]  # its widths, per layer
         self.text = [
-            ChunkKVCache(text_spec(kv, quantize_text), observer=observer) for _ in range(layers)
+            ChunkKVCache(text_spec(s, quantize_text), observer=observer) for s in per_layer
         ]
         self.memory = {
-            b: [ChunkKVCache(kv, window=1, observer=observer) for _ in range(layers)]
-            for b in BRANCHES
+            b: [ChunkKVCache(s, window=1, observer=observer) for s in per_layer] for b in BRANCHES
         }
         self.observer = observer
         self.backend = backend

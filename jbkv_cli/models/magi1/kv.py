@@ -46,8 +46,11 @@ def cache_attend(backend: str | None = None) -> AttendFn:
 def make_caches(
     spec: KVSpec, num_layers: int, window: int, observer: AttentionObserver | None = None
 ) -> list[ChunkKVCache]:
-    """One cache per transformer layer, each holding at most ``window`` regular chunks."""
-    caches = [ChunkKVCache(spec, window, observer=observer) for _ in range(num_layers)]
+    """One cache per transformer layer, each holding at most ``window`` regular chunks (at its
+    layer's widths: :meth:`~jbkv_cli.kvcache.KVSpec.at_layer`)."""
+    if spec.layers is not None:
+        spec.layers.check(num_layers)
+    caches = [ChunkKVCache(spec.at_layer(i), window, observer=observer) for i in range(num_layers)]
     for index, cache in enumerate(caches):
         cache.layer = index  # the diagnostics record per layer
     return caches

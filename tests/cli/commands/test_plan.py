@@ -54,6 +54,7 @@ def test_a_plan_with_budgets_and_json(tmp_path):
         (["-o", "device=cuda"], "jbkv plan plans a CUDA device; leave out -o device"),
         (["--model", "nope"], "unknown model 'nope'"),
         (["--bits", "5"], "bits"),
+        (["--bits", "K2V2@0-9+K1V1"], "on tiny: layer range 0-9 is outside the model's layers 0-3"),
         (["--image", "missing.png"], "--image goes with --prompt"),
         (["--prompt", "a purple hexagon"], "tiny"),
         (["-o", "num_chunks=0"], "num_chunks"),

@@ -231,8 +231,9 @@ class MatrixGame2(VideoModelBase):
         )
         action_spec = replace(spec, pruner=None) if s.quantize_actions else FULL_PRECISION
         blocks = d.action.blocks
-        mouse = [ChunkKVCache(action_spec, s.window) for _ in blocks] if d.action.mouse else []
-        keyboard = [ChunkKVCache(action_spec, s.window) for _ in blocks]
+        per_block = [action_spec.at_layer(b) for b in blocks]  # the block's widths
+        mouse = [ChunkKVCache(a, s.window) for a in per_block] if d.action.mouse else []
+        keyboard = [ChunkKVCache(a, s.window) for a in per_block]
         parts = {"main": main, "mouse": mouse, "keyboard": keyboard}
         return LoopCaches(parts, s.num_chunks, probe=probe, progress=progress, probed=["main"])
 
