@@ -5,7 +5,8 @@ option, and the suite starts ``jbkv`` a few hundred times. :func:`run` instead a
 (this file run as a script, one per test process, started on first use) to fork; the child
 takes the caller's working folder, environment, standard streams and ``argv``, then runs the
 console script's entry point (``[project.scripts]`` ``jbkv``) and exits through the normal
-interpreter shutdown with its exit code. What the child shares with the zygote is torch's
+interpreter's exit steps a caller can see (threads joined, atexit handlers, streams
+flushed; not the finalization of every module) and its exit code. What the child shares with the zygote is torch's
 import and nothing else: ``jbkv_cli``, transformers, diffusers and huggingface_hub are imported
 by the child under its own environment, as a new process does, and the random generators a
 fresh process seeds from the OS are re-seeded.
@@ -22,6 +23,7 @@ any call with ``fresh=True`` (``JBKV_TEST_FRESH=1``: every call).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import locale
 import os
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -260,7 +263,31 @@ def _child(request: dict, fds: list[int], script: str, threads: int) -> None:
         code = main()
     except SystemExit as exc:
         code = exc.code
-    sys.exit(code)
+    except KeyboardInterrupt:  # as an interpreter dies of an uncaught one: by the signal
+        _shutdown()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # an uncaught exception: its traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    _shutdown()
+    os._exit(code or 0)
+
+
+def _shutdown() -> None:
+    """What an interpreter's exit does that a caller can see (non-daemon threads joined, the
+    atexit handlers run, the standard streams flushed), without finalizing every module, which
+    costs torch about a second."""
+    import atexit as handlers
+
+    threading._shutdown()
+    handlers._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
 
 
 if __name__ == "__main__":
