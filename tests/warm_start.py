@@ -13,9 +13,9 @@ fresh process seeds from the OS are re-seeded.
 
 Not the same as a new interpreter, so :func:`usable` sends these to a real subprocess: a
 different locale, ``PYTHON*``, thread-count or CUDA variable than the zygote's (the stream
-encodings and torch's start-up read them), a ``preexec_fn``, or a call while another is
-running. What only a new interpreter shows (the console script itself, start-up cost, warnings
-printed while torch imports, signals) is tested with real subprocesses:
+encodings and torch's start-up read them), or a ``preexec_fn``. What only a new interpreter
+shows (the console script itself, start-up cost, warnings printed while torch imports,
+signals) is tested with real subprocesses:
 ``tests/test_installed.py``, ``tests/cli/test_startup.py``, the signal and torchrun tests, and
 any call with ``fresh=True`` (``JBKV_TEST_FRESH=1``: every call).
 """
@@ -41,11 +41,12 @@ from pathlib import Path
 
 # what torch or the interpreter read when they start: a child must start with the zygote's
 _STARTUP = ("PYTHON", "LC_", "LANG", "OMP_", "MKL_", "CUDA", "TORCH", "PYTORCH")
+_LAZY = ("TORCH_HOME",)  # read when used, not at start-up
 _STATUS = struct.Struct("q")
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_STARTUP)}
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP) and k not in _LAZY}
 
 
 # --- the client (the test process) -----------------------------------------------------------
@@ -62,7 +63,6 @@ class _Zygote:
             stdout=subprocess.DEVNULL,
             env=self.env,
         )
-        self.lock = threading.Lock()
         atexit.register(self.close)
 
     def connect(self) -> socket.socket:
@@ -87,6 +87,7 @@ class _Zygote:
 
 
 _zygote: _Zygote | None = None
+_starting = threading.Lock()
 
 
 def usable(env: Mapping[str, str], preexec_fn: object) -> bool:
@@ -104,20 +105,14 @@ def run(
     env: Mapping[str, str],
     stdin: str | None,
     timeout: float,
-) -> subprocess.CompletedProcess | None:
+) -> subprocess.CompletedProcess:
     """``argv`` (``argv[0]``: the console script ``script``) in a forked child, its output
-    captured as ``subprocess.run`` captures it; None when another call is running (the caller
-    starts a real subprocess then)."""
+    captured as ``subprocess.run`` captures it (calls from several threads run side by side)."""
     global _zygote
-    if _zygote is None:
-        _zygote = _Zygote(script)
-    zygote = _zygote
-    if not zygote.lock.acquire(blocking=False):
-        return None
-    try:
-        return _run(zygote, argv, cwd, env, stdin, timeout)
-    finally:
-        zygote.lock.release()
+    with _starting:
+        if _zygote is None:
+            _zygote = _Zygote(script)
+    return _run(_zygote, argv, cwd, env, stdin, timeout)
 
 
 def _run(zygote, argv, cwd, env, stdin, timeout) -> subprocess.CompletedProcess:
@@ -211,6 +206,7 @@ def _serve(path: str, script: str) -> None:
     server.listen()
     server.settimeout(1.0)
     while True:
+        _reap()
         if os.getppid() != parent:  # the test process is gone
             return
         try:
@@ -222,18 +218,35 @@ def _serve(path: str, script: str) -> None:
         request = json.loads(message)
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
+        if os.fork() == 0:  # a supervisor per call: the zygote takes the next one meanwhile
             server.close()
-            conn.close()
-            _child(request, fds, script, threads)  # never returns
+            _supervise(conn, request, fds, script, threads)  # never returns
         for fd in fds:
-            if fd != 0:
-                os.close(fd)
+            os.close(fd)
+        conn.close()
+
+
+def _reap() -> None:
+    """Collect the supervisors that have finished."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _supervise(conn: socket.socket, request: dict, fds: list[int], script: str, threads: int):
+    """Fork the ``jbkv`` child, tell the caller its pid, wait, tell its exit code."""
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _child(request, fds, script, threads)  # never returns
+    for fd in fds:
+        os.close(fd)
+    try:
         conn.sendall(_STATUS.pack(pid))
         _, status = os.waitpid(pid, 0)
         conn.sendall(_STATUS.pack(os.waitstatus_to_exitcode(status)))
-        conn.close()
+    finally:
+        os._exit(0)
 
 
 def _child(request: dict, fds: list[int], script: str, threads: int) -> None:
