@@ -88,9 +88,9 @@ def attention_rows(
 
 def jsd(p: torch.Tensor, r: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     """Jensen–Shannon divergence of rows (last dim), natural log: ``½ KL(p‖m) + ½ KL(r‖m)``."""
-    m = 0.5 * (p + r)
-    kl_p = (p * (torch.log(p + eps) - torch.log(m + eps))).sum(-1)
-    kl_r = (r * (torch.log(r + eps) - torch.log(m + eps))).sum(-1)
+    log_m = torch.log(0.5 * (p + r) + eps)
+    kl_p = (p * (torch.log(p + eps) - log_m)).sum(-1)
+    kl_r = (r * (torch.log(r + eps) - log_m)).sum(-1)
     return 0.5 * (kl_p + kl_r)
 
 
@@ -112,19 +112,22 @@ def score_noise(
         var = 2.0 * rope_taylor_bias(q, step, scale, key_rotation)
     else:
         var = 2.0 * taylor_bias(q, step, scale, rotation)  # (τ²/12) Σ_j Δ_ij² ‖q_j‖²
-    held = torch.ones_like(delta, dtype=torch.bool)
+    ok = var > 0
+    held_delta, held_var = delta, var.expand_as(delta)  # every cached token held
     if valid is not None:
-        held &= _expand_kv_heads(valid[..., None], q.shape[-3]).transpose(-1, -2).to(q.device)
-    ok = (var > 0) & held
+        held = _expand_kv_heads(valid[..., None], q.shape[-3]).transpose(-1, -2).to(q.device)
+        held = held.expand_as(delta)
+        ok = ok & held
+        held_delta, held_var = delta[held], held_var[held]
     n = int(ok.sum())
     z = torch.where(ok, delta * var.clamp_min(1e-30).rsqrt(), 0.0)
     z_mean = float(z.sum()) / n if n else 0.0
     z_var = (float(z.square().sum()) - n * z_mean**2) / (n - 1) if n > 1 else 0.0
-    count = max(1, int(held.sum()))
+    count = max(1, held_delta.numel())
     return {
-        "mean_error": float(delta[held].sum()) / count,
-        "predicted_var": float(var[held].sum()) / count,
-        "measured_var": float(delta[held].square().sum()) / count,
+        "mean_error": float(held_delta.sum()) / count,
+        "predicted_var": float(held_var.sum()) / count,
+        "measured_var": float(held_delta.square().sum()) / count,
         "z_mean": z_mean,
         "z_var": z_var,
     }

@@ -66,7 +66,7 @@ from jbkv_cli.utils.host_reads import on_host, surely_all
 
 PATHS = ("plain", "fused", "flex", "reference", "masked")
 MASKED_BLOCK = 256  # query rows per block of the masked path (attend.masked's default)
-DIAG_SCORE_TENSORS = 8  # [B, Hq, n, Lk] float32 alive at once (the JSD of p̂ and p, scores held)
+DIAG_SCORE_TENSORS = 7  # [B, Hq, n, Lk] float32 alive at once (the JSD of p̂ and p, scores held)
 DIAG_BLOCK = 128
 EXACT_MAX_ELEMENTS = 1 << 24  # correction.exact_bias's max_elements per table block
 LUT_TEMPS = 7  # float32 temporaries of log_sinhc alive at once over one table block  # query rows per block of diagnostics.compare_attention
