@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# one rank per core: the embedded model's small tensors gain little from a second thread
 demo: $(STAMP)
-	$(BIN)/jbkv quantize-eval
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc-per-node $(JOBS) -m jbkv_cli quantize-eval
 
 test: lint $(STAMP) browser
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
