@@ -539,15 +539,7 @@ class Scoring:
         frames = None
         if current is None or _stale(current, self.scorer):
             frames = run.load_frames(vid, name)
-            s = compare_videos(
-                self._ref[1],
-                frames,
-                0,
-                self.scorer,
-                name=name,
-                chunk_frames=chunk_frames,
-                first_chunk_frames=first,
-            )
+            s = self._compare(self._ref[1], frames, name, chunk_frames, first)
             entry = s.to_dict(per_frame=True) | {"lpips_status": self.status}
             save_scores(run, "fidelity", vid, {name: entry})
         self._check_prompt(vid, name, frames, chunk_frames)
@@ -582,8 +574,14 @@ class Scoring:
         if self._base is None or self._base[:2] != (base, name):
             self._base = (base, name, run.load_frames(base, name))
         frames = run.load_frames(vid, name) if frames is None else frames
-        s = compare_videos(
-            self._base[2],
+        s = self._compare(self._base[2], frames, name, chunk_frames, first)
+        entry = s.to_dict(per_frame=True) | {"lpips_status": self.status, "against": base}
+        save_scores(run, PRUNED16, vid, {name: entry})
+
+    def _compare(self, ref, frames, name: str, chunk_frames: int | None, first: int | None):
+        """``frames`` scored against ``ref`` (whole video, per frame and per chunk)."""
+        return compare_videos(
+            ref,
             frames,
             0,
             self.scorer,
@@ -591,8 +589,6 @@ class Scoring:
             chunk_frames=chunk_frames,
             first_chunk_frames=first,
         )
-        entry = s.to_dict(per_frame=True) | {"lpips_status": self.status, "against": base}
-        save_scores(run, PRUNED16, vid, {name: entry})
 
     def _saved(self, kind: str, vid: str, name: str) -> dict[str, Any] | None:
         """One video's saved entry of ``kind`` (its own file, else the variant's file of an older
