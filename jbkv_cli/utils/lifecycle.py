@@ -334,8 +334,10 @@ def test_point(name: str, detail: str = "") -> None:
     if path:
         tag = rank_tag()
         suffix = f".rank{os.environ['RANK']}" if tag else ""
-        with open(path + suffix, "w", encoding="utf-8") as f:
+        announce = path + suffix
+        with open(announce + ".part", "w", encoding="utf-8") as f:
             f.write(name + "\n")
+        os.replace(announce + ".part", announce)  # whole when it appears: tests poll for it
     deadline = time.monotonic() + PAUSE_LIMIT_S
     while _state.pending is None and time.monotonic() < deadline:
         time.sleep(0.01)  # a signal runs the handler here: it raises, or sets ``pending``
