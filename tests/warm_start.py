@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -81,8 +82,7 @@ class _Zygote:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for name in ("socket",):
-            Path(self.folder, name).unlink(missing_ok=True)
+        Path(self.path).unlink(missing_ok=True)
         os.rmdir(self.folder)
 
 
@@ -132,12 +132,12 @@ def _run(zygote, argv, cwd, env, stdin, timeout) -> subprocess.CompletedProcess:
     if stdin is not None:
         feeder = threading.Thread(target=_feed, args=(in_w, stdin.encode()), daemon=True)
         feeder.start()
-    deadline = None if timeout is None else _now() + timeout
+    deadline = None if timeout is None else time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
         for fd in data:
             sel.register(fd, selectors.EVENT_READ)
         while sel.get_map():
-            left = None if deadline is None else deadline - _now()
+            left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 os.kill(pid, signal.SIGKILL)
                 _recv(sock, _STATUS.size)
@@ -175,12 +175,6 @@ def _feed(fd: int, payload: bytes) -> None:
             pipe.write(payload)
     except BrokenPipeError:  # the child did not read it all, as a real pipe allows
         pass
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()
 
 
 def _recv(sock: socket.socket, size: int) -> bytes:
