@@ -123,15 +123,17 @@ def flash_eligible(dtype: torch.dtype, width: int, q_heads: int, kv_heads: int, 
     return bool(torch.backends.cuda.can_use_flash_attention(params, False))
 
 
-def _read_case(shape: Shape, spec, device: str):
-    """A cache holding ``shape.cached`` tokens of ``spec`` and a query chunk (random)."""
+def _read_case(shape: Shape, spec, gpu: bool):
+    """A cache holding ``shape.cached`` tokens of ``spec`` and a query chunk (random, drawn on
+    the device: under fake CUDA a draw costs nothing, where one on the host and copied would
+    fill gigabytes of values nobody reads)."""
     from jbkv_cli.kvcache import ChunkKVCache
 
-    g = torch.Generator(device="cpu").manual_seed(0)
+    g = torch.Generator(device="cuda").manual_seed(0) if gpu else None
 
     def rand(heads: int, tokens: int) -> torch.Tensor:
-        x = torch.randn(1, heads, tokens, shape.head_dim, generator=g, dtype=torch.float32)
-        return x.to(device, shape.dtype)
+        size = (1, heads, tokens, shape.head_dim)
+        return torch.randn(size, generator=g, device="cuda", dtype=shape.dtype)
 
     cache = ChunkKVCache(spec, window=None)
     cache.commit(rand(shape.kv_heads, shape.cached), rand(shape.kv_heads, shape.cached))
@@ -155,7 +157,7 @@ def kernel_cases(models: list[str], gpu: bool) -> dict[str, Any]:
             for backend in backends:
                 context = contextlib.nullcontext() if gpu else FakeCuda()
                 with context:
-                    cache, q, kv = _read_case(shape, spec, "cuda")
+                    cache, q, kv = _read_case(shape, spec, gpu)
                     call = _caller(cache, q, kv, None if backend == "plain" else backend)
                     row = _timed(call) if gpu else _dry(call)
                 groups = 0 if spec.key is None else spec.key.step_groups(shape.head_dim, "key")

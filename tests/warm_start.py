@@ -13,7 +13,11 @@ fresh process seeds from the OS are re-seeded.
 
 Not the same as a new interpreter, so :func:`usable` sends these to a real subprocess: a
 different locale, ``PYTHON*``, thread-count or CUDA variable than the zygote's (the stream
-encodings and torch's start-up read them), or a ``preexec_fn``. What only a new interpreter
+encodings and torch's start-up read them), or a ``preexec_fn``. One ``PYTHON*`` difference is
+taken warm: folders put in front of the zygote's ``PYTHONPATH`` (the test hooks under
+``tests/support/``). The child puts them in front of ``sys.path`` as a new interpreter does and
+imports the first ``sitecustomize`` among them before anything else runs; a hook patches what
+``jbkv`` calls (``builtins.open``, ``os.replace``), not what torch's import read. What only a new interpreter
 shows (the console script itself, start-up cost, warnings printed while torch imports,
 signals) is tested with real subprocesses:
 ``tests/test_installed.py``, ``tests/cli/test_startup.py``, the signal and torchrun tests, and
@@ -47,7 +51,23 @@ _STATUS = struct.Struct("q")
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(_STARTUP) and k not in _LAZY}
+    return {
+        k: v
+        for k, v in env.items()
+        if k.startswith(_STARTUP) and k not in _LAZY and k != "PYTHONPATH"
+    }
+
+
+def _path_prefix(env: Mapping[str, str], base: Mapping[str, str]) -> list[str] | None:
+    """The folders ``env``'s ``PYTHONPATH`` puts in front of ``base``'s, or None where it
+    differs otherwise (or names something that is not a folder)."""
+    path, tail = env.get("PYTHONPATH", ""), base.get("PYTHONPATH", "")
+    if path == tail:
+        return []
+    if tail and not path.endswith(os.pathsep + tail):
+        return None
+    extra = [p for p in path[: len(path) - len(tail)].split(os.pathsep) if p]
+    return extra if extra and all(os.path.isdir(p) for p in extra) else None
 
 
 # --- the client (the test process) -----------------------------------------------------------
@@ -95,7 +115,7 @@ def usable(env: Mapping[str, str], preexec_fn: object) -> bool:
     if preexec_fn is not None or os.environ.get("JBKV_TEST_FRESH") == "1":
         return False
     base = _zygote.env if _zygote is not None else os.environ
-    return _startup_env(env) == _startup_env(base)
+    return _startup_env(env) == _startup_env(base) and _path_prefix(env, base) is not None
 
 
 def run(
@@ -249,6 +269,7 @@ def _child(request: dict, fds: list[int], script: str, threads: int) -> None:
             os.dup2(fd, target)
             os.close(fd)
     os.chdir(request["cwd"])
+    extra = _path_prefix(request["env"], os.environ) or []
     os.environ.clear()
     os.environ.update(request["env"])
     import random
@@ -261,6 +282,10 @@ def _child(request: dict, fds: list[int], script: str, threads: int) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", threads)))
     sys.argv = list(request["argv"])
     sys.path[0] = str(Path(script).parent)  # where a console script's interpreter looks first
+    sys.path[1:1] = [os.path.abspath(p) for p in extra]
+    if any(os.path.isfile(os.path.join(p, "sitecustomize.py")) for p in extra):
+        sys.modules.pop("sitecustomize", None)
+        import sitecustomize  # noqa: F401 (a test hook, as a new interpreter runs it)
     from importlib.metadata import entry_points
 
     (entry,) = entry_points(group="console_scripts", name="jbkv")

@@ -156,60 +156,10 @@ def test_setup_is_idempotent_and_fast(vbench_env):
     assert versions["transformers"] == "4.33.2"
 
 
-def test_temporal_flickering_on_embedded_model_videos(vbench_env, tmp_path):
-    """`jbkv generate` on the embedded model, then `jbkv vbench run`: VBench's value equals
-    the definition computed on the very clip frames VBench scored."""
-    from jbkv_cli.cli.app import app as jbkv_app
-
-    run = tmp_path / "run"
-    prompt = "a red circle moves right on a dark background"
-    gen = [
-        "generate",
-        "--model",
-        "tiny",
-        "--bits",
-        "2",
-        "--prompt",
-        prompt,
-        "--seeds",
-        "0,1",
-        "--out",
-        str(run),
-        "--no-diagnostics",
-        "--device",
-        "cpu",
-    ]
-    res = CliRunner().invoke(jbkv_app, gen)
-    assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(
-        jbkv_app, ["vbench", "run", str(run), "-d", "temporal_flickering", "--device", "cpu"]
-    )
-    assert res.exit_code == 0, res.output
-    doc = json.loads((run / "metrics" / "vbench.json").read_text())
-    assert set(doc["variants"]) == {"reference", "int2-rtn-g32"}
-    for variant, v in doc["variants"].items():
-        tf = v["dimensions"]["temporal_flickering"]
-        clips_root = run / "metrics/vbench/long_custom_input" / variant / "videos/split_clip"
-        scores = [
-            flicker_score(_decode(clip))
-            for video in sorted(clips_root.iterdir())
-            for clip in sorted(video.glob("*.mp4"))
-        ]
-        assert tf["n_videos"] == 2 and tf["n_clips"] == len(scores) >= 2
-        assert tf["score"] == pytest.approx(np.mean(scores), abs=1e-6)
-    report = CliRunner().invoke(jbkv_app, ["report", str(run), "--format", "json"])
-    rows = {r["variant"]: r for r in json.loads(report.stdout)["rows"]}
-    assert rows["int2-rtn-g32"]["vbench"]["dimensions"]["temporal_flickering"]["n"] == 2
-    for fmt in ("table", "md", "csv"):  # the report with VBench columns (it used to crash)
-        res = CliRunner().invoke(jbkv_app, ["report", str(run), "--format", fmt])
-        assert res.exit_code == 0, (fmt, res.output)
-    table = CliRunner().invoke(jbkv_app, ["report", str(run)]).output
-    assert "VBench" in table and "flickering" in table
-
-
 def test_quantize_eval_vbench_end_to_end(vbench_env, tmp_path):
-    """The README's flow in one command: generate, score, VBench (dimensions without weights),
-    then the tables."""
+    """The README's flow in one command on the embedded model: generate, score, VBench
+    (dimensions without weights), then the tables; VBench's value equals the definition
+    computed on the very clip frames VBench scored."""
     from jbkv_cli.cli.app import app as jbkv_app
 
     res = CliRunner().invoke(
@@ -219,6 +169,8 @@ def test_quantize_eval_vbench_end_to_end(vbench_env, tmp_path):
             "--vbench",
             "--prompt",
             "a red circle moves right on a dark background",
+            "--seeds",
+            "0,1",
             "--bits",
             "2",
             "--quantizers",
@@ -239,5 +191,23 @@ def test_quantize_eval_vbench_end_to_end(vbench_env, tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "VBench" in res.output and "flickering" in res.output
-    rows = json.loads((tmp_path / "tiny" / "report" / "results.json").read_text())["rows"]
-    assert rows[1]["vbench"]["dimensions"]["temporal_flickering"]["n"] == 1
+    run = tmp_path / "tiny"
+    rows = json.loads((run / "report" / "results.json").read_text())["rows"]
+    assert rows[1]["vbench"]["dimensions"]["temporal_flickering"]["n"] == 2
+    doc = json.loads((run / "metrics" / "vbench.json").read_text())
+    assert set(doc["variants"]) == {"reference", "int2-rtn-g32"}
+    for variant, v in doc["variants"].items():
+        tf = v["dimensions"]["temporal_flickering"]
+        clips_root = run / "metrics/vbench/long_custom_input" / variant / "videos/split_clip"
+        scores = [
+            flicker_score(_decode(clip))
+            for video in sorted(clips_root.iterdir())
+            for clip in sorted(video.glob("*.mp4"))
+        ]
+        assert tf["n_videos"] == 2 and tf["n_clips"] == len(scores) >= 2
+        assert tf["score"] == pytest.approx(np.mean(scores), abs=1e-6)
+    for fmt in ("table", "md", "csv"):  # the report with VBench columns (it used to crash)
+        res = CliRunner().invoke(jbkv_app, ["report", str(run), "--format", fmt])
+        assert res.exit_code == 0, (fmt, res.output)
+    table = CliRunner().invoke(jbkv_app, ["report", str(run)]).output
+    assert "VBench" in table and "flickering" in table

@@ -262,8 +262,12 @@ def _damaged_file(run: Path, which: str) -> Path:
 def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, fields, needle):
     path = _damaged_file(copied, which)
     _edit(path, **fields)
-    formats = ("table", "json", "html") + (("csv", "md") if fields == DAMAGE[0][1] else ())
-    for fmt in formats:  # the same app in this process; the first case's table installed too
+    # each file kind's first case in every format (a format reads the files it needs once:
+    # one warning each), the other fields' checks in one; the same app in this process, the
+    # first case's table installed too
+    first = next(f for w, f, _ in DAMAGE if w == which) == fields
+    formats = ("json", "table", "html", "csv", "md") if first else ("json",)
+    for fmt in formats:
         installed = fmt == "table" and fields == DAMAGE[0][1]
         r = run_refusal("report", copied, "--format", fmt, cwd=copied.parent, installed=installed)
         assert r.returncode == 0, (fmt, r.stderr)
@@ -272,8 +276,8 @@ def test_report_names_the_damaged_file_and_field_in_every_format(copied, which, 
         assert len(damaged) == 1 and needle in damaged[0], (fmt, r.stderr)
         expected = "not finished" if which == "record" else "scored again"
         assert expected in damaged[0]
-    table = run_in_process("report", copied, "--format", "json", cwd=copied.parent)
-    data = json.loads(table.stdout)
+        if fmt == "json":
+            data = json.loads(r.stdout)
     row = next(r for r in data["rows"] if r["variant"] == INT2)
     assert row["videos"] == (1 if which == "record" else 2)
     # the damaged score, or the unfinished video's, is left out; a damaged prompt check leaves
