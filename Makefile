@@ -46,7 +46,8 @@ format: $(STAMP)
 
 gate: $(STAMP)
 	rm -rf $(GATE_DIR)
-	$(BIN)/jbkv quantize-eval $(GATE_ARGS) --out $(GATE_DIR)
+	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc-per-node $(JOBS) -m jbkv_cli \
+		quantize-eval $(GATE_ARGS) --out $(GATE_DIR)
 	$(BIN)/jbkv report $(GATE_DIR)/tiny --baseline $(BASELINE)
 
 baseline: $(STAMP)

@@ -26,8 +26,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``cuda``-marked tests skip themselves where no CUDA GPU is (``make gpu-check`` runs
-    them on one)."""
+    """The files holding a ``slow`` test run first: ``--dist loadfile`` hands files to the
+    workers in this order, so a long file never starts last while the other worker idles (the
+    order within and among files is otherwise kept; every worker collects the same order).
+    ``cuda``-marked tests skip themselves where no CUDA GPU is (``make gpu-check`` runs them on
+    one)."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
     marked = [item for item in items if "cuda" in item.keywords]
     if not marked:
         return
