@@ -7,6 +7,13 @@ STAMP  := $(VENV)/.installed
 JOBS   ?= 2  # pytest workers (pytest-xdist); each test file runs in one worker
 SRC    := jbkv_cli tests benchmarks scripts
 
+# Compiled bytecode is kept under the venv, never beside the sources, and is written even where
+# PYTHONDONTWRITEBYTECODE is set: every interpreter the suite starts (workers, jbkv processes,
+# torchrun ranks) otherwise compiles jbkv and rewrites the test files again (14 CPU-s of a
+# worker's 31 s collection here). docs/testing.md
+export PYTHONPYCACHEPREFIX ?= $(abspath $(VENV))/pycache
+unexport PYTHONDONTWRITEBYTECODE
+
 # The CI regression gate: a small matrix on the embedded model against a committed baseline.
 GATE_DIR  ?= runs/ci-gate
 GATE_ARGS := --prompts prompts/tiny-ci.txt --seeds 0,1 --bits 2,4 --quantizers rtn,quarot \
