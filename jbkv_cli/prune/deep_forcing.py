@@ -304,13 +304,13 @@ class DeepForcingLayer:
         return self.sink_held, self.shift
 
     def forget(self, serials: set[int]) -> None:
+        """Drop what the layer knows of chunks the cache removed: released ones (their tokens
+        are out of ``bound`` already) or, at a reset, every one."""
         for s in serials:
-            if s in self.lengths:
-                self.bound -= self.lengths.pop(s)
-            for book in (self.starts, self.counts, self.misses):
+            for book in (self.lengths, self.starts, self.counts, self.misses):
                 book.pop(s, None)
         self.fresh = [s for s in self.fresh if s not in serials]
-        self.bound = max(0, self.bound)
+        self.bound = min(self.bound, sum(self.lengths.values()))
         if not self.lengths:  # a new video
             self.window.clear()
             self._reset()
@@ -329,8 +329,9 @@ class DeepForcingLayer:
 class DeepForcing(KVPruner):
     """Options (module docstring; all in latent frames): ``buffer_frames`` (the buffer, the new
     block included), ``sink_frames`` (Deep Sink), ``capacity_frames`` (kept at an event, the new
-    block included), ``recent_frames`` (``R``: the query window and the newest tokens kept; at
-    least a chunk) and ``max_reuse`` (Top-C selections a token may have; 0: no limit)."""
+    block included; raised to ``sink + R`` when they exceed it, as upstream), ``recent_frames``
+    (``R``: the query window and the newest tokens kept; at least a chunk) and ``max_reuse``
+    (Top-C selections a token may have; 0: no limit)."""
 
     name: ClassVar[str] = "deep-forcing"
     title: ClassVar[str] = "after Deep Forcing"
@@ -353,11 +354,6 @@ class DeepForcing(KVPruner):
             raise ValueError(
                 f"{self.name}.capacity_frames ({self.capacity_frames}) must be at most "
                 f"buffer_frames ({self.buffer_frames})"
-            )
-        if self.sink_frames + self.recent_frames > self.capacity_frames:
-            raise ValueError(
-                f"{self.name}: sink_frames + recent_frames ({self.sink_frames} + "
-                f"{self.recent_frames}) must fit capacity_frames ({self.capacity_frames})"
             )
 
     def plans(
