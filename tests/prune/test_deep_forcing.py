@@ -313,3 +313,43 @@ def test_self_forcing_refuses_it_with_sink_chunks_or_long_chunks():
     model = registry.load_model("self-forcing", config="tiny-random")
     with pytest.raises(UsageError, match="must hold a chunk"):
         model.resolve_kv(KVSpec(pruner=DeepForcing(recent_frames=2, sink_frames=1)))
+
+
+def test_bytes_are_the_stored_tensors_positions_query_sums_and_counters():
+    loop = Loop(cache())
+    for c in range(8):  # the event at block 7's read, then block 7 committed whole
+        loop.chunk(c)
+    held = int(loop.held().sum())  # per lane: (16 − 3) + 3 frames
+    assert held == 16 * F
+    lanes = H  # one batch row
+    stored = lanes * held * (2 * D * 4 + 2)  # float32 keys and values, int16 positions
+    window = 4 * H * D * 4  # R = 4 per-frame query sums, float32
+    counters = sum(c.length for c in loop.cache.chunks)  # one uint8 per token laid out
+    assert loop.cache.nbytes == stored + window + counters
+
+
+@pytest.mark.slow
+def test_quantize_eval_runs_it_on_self_forcing(tmp_path):
+    """End to end through the installed ``jbkv`` on the tiny Self-Forcing (about a minute of
+    CPU): the 16-bit and INT2 (± taylor) variants after Deep Forcing, sized to decide within 6
+    blocks, hold fewer bytes than the reference's window of 6 blocks."""
+    import json
+
+    from tests.installed import run_jbkv
+
+    out = tmp_path / "out"
+    done = run_jbkv(
+        *("quantize-eval", "--model", "self-forcing", "-o", "config=tiny-random", "-o", "steps=1"),
+        *("--num-chunks", "6", "--prompt", "a red ball", "--seeds", "0", "--bits", "2"),
+        *("--quantizers", "rtn", "--corrections", "none,taylor", "--pruners", "deep-forcing"),
+        *("-M", "deep-forcing.buffer_frames=9", "-M", "deep-forcing.sink_frames=2"),
+        *("-M", "deep-forcing.capacity_frames=7", "--no-lpips", "--no-plots"),
+        *("--device", "cpu", "--out", out),
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads((out / "self-forcing" / "report" / "results.json").read_text())["rows"]
+    stored = {r["variant"]: r["kv_cache_bytes"] for r in rows}
+    ids = ["reference", "deepforcing-b9-s2-c7", "int2-rtn-g32-deepforcing-b9-s2-c7"]
+    assert set(ids) | {ids[-1] + "-taylor"} == set(stored)
+    assert stored[ids[0]] > stored[ids[1]] > stored[ids[2]] > 0
+    assert "after Deep Forcing b9 s2 c7" in done.stdout
