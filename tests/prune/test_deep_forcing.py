@@ -304,8 +304,9 @@ def test_a_method_with_a_rotated_basis_is_refused_and_the_cache_needs_the_table(
         ChunkKVCache(KVSpec(pruner=DeepForcing()), pruning=plan)
 
 
-def test_self_forcing_refuses_it_with_sink_chunks_or_long_chunks():
+def test_self_forcing_refusals_and_its_table_re_phasing_in_time():
     from jbkv_cli.models import registry
+    from jbkv_cli.models.wan.rope import wan_key_rope
 
     model = registry.load_model("self-forcing", config="tiny-random", sink=1, window=2)
     with pytest.raises(UsageError, match="keeps its own sink"):
@@ -313,6 +314,17 @@ def test_self_forcing_refuses_it_with_sink_chunks_or_long_chunks():
     model = registry.load_model("self-forcing", config="tiny-random")
     with pytest.raises(UsageError, match="must hold a chunk"):
         model.resolve_kv(KVSpec(pruner=DeepForcing(recent_frames=2, sink_frames=1)))
+    with pytest.raises(ValueError, match="keeps its own sink: no sink chunks"):
+        KVSpec(pruner=DeepForcing(), sink_chunks=1)
+    # the re-phase on Wan's own table: a key at frame f turned by row 0 of the table at Δ is
+    # the key at frame f + Δ (only the temporal channels move)
+    table = wan_key_rope(model.components.transformer, torch.empty(model.chunk_shape)).tables
+    pre = torch.randn(1, 1, table(0)[0].shape[0], model.settings["head_dim"])
+    shift = [t[:1].expand_as(t) for t in table(5)]
+    at_4 = rotate_pairs(pre, *table(4), "interleaved")
+    torch.testing.assert_close(
+        rotate_pairs(at_4, *shift, "interleaved"), rotate_pairs(pre, *table(9), "interleaved")
+    )
 
 
 def test_bytes_are_the_stored_tensors_positions_query_sums_and_counters():
