@@ -512,6 +512,8 @@ class ChunkKVCache:
             raise ValueError(f"last must be >= 0 chunks or None, got {last}")
         if positions and self.rope is None:
             raise ValueError("read positions need a pre-RoPE cache (rope)")
+        if self._deciding and (last is not None or not sinks):
+            raise ValueError("a pruner deciding at read reads the whole cache (its sink first)")
         key = (self.committed, last, tuple(sorted((positions or {}).items())), sinks)
         if self._view is not None and self._view[0] == key:
             return self._view[1]
