@@ -204,7 +204,7 @@ class DeepForcingLayer:
         self.query_heads = q.shape[-3]
         sums = q.float().unflatten(-2, (frames, self.frame_tokens)).sum(-2)  # [B, Hq, F, D]
         for f in range(max(0, frames - self.pruner.recent_frames), frames):
-            self.window.append(sums[..., f, :])
+            self.window.append(sums[..., f, :].clone())  # its own bytes, counted
 
     def commit(self, serial: int, k: torch.Tensor) -> Decision:
         """Keep the whole chunk (decisions come at reads)."""
