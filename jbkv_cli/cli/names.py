@@ -33,7 +33,7 @@ METHODS = (
     "kvquant",
 )
 # jbkv_cli.prune.registry.PRUNERS, in registration order
-PRUNERS = ("forcing-kv", "forcing-kv-history", "flowcache", "flowcache-corrected")
+PRUNERS = ("forcing-kv", "forcing-kv-history", "flowcache", "flowcache-corrected", "deep-forcing")
 # jbkv_cli.attention.correction.CORRECTIONS but the ablations (bias-only): --corrections
 CORRECTIONS = ("none", "taylor", "exact", "signed", "signed-excess", "signed-unshrink")
 # jbkv_cli.llm.job.BACKENDS (the corrected attention's kernels) and DTYPES

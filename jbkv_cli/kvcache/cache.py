@@ -53,6 +53,18 @@ token is held more than once: attention reads it that many times). Sinks are nev
 (:class:`~jbkv_cli.prune.base.RescoringPruning`, FlowCache) also sees the queries of every
 attention call, and at each commit every key held of the earlier pruned chunks as a read
 dequantizes it, with its steps (:class:`~jbkv_cli.prune.base.HeldKeys`).
+
+**Decisions at read** (:class:`~jbkv_cli.prune.base.ReadPruning`, Deep Forcing). The layer state
+keeps each committed chunk whole and sees the queries of every attention call *before* it reads;
+at the first read after a commit it may decide again on every held token (the chunk being
+denoised is not stored yet), and the cache drops what it does not keep, and the chunks it
+releases, before attention reads. Its sink is re-phased on every read: the first ``tokens``
+held keys (:meth:`~jbkv_cli.prune.base.ReadPruning.phase`) rotated by the model's RoPE table
+(``phase``, a :class:`~jbkv_cli.kvcache.rope.KeyRope`) at a shift of ``frames``: the table's
+first row at that position (the token at frame ``frames``, row 0, column 0: the temporal
+channels turned by ``frames·ω``, the others not at all). Quantized keys so rotated carry the
+rotation for the correction (``CachedKV.key_rotation``, identity elsewhere), which a method that
+stores keys in a rotated basis cannot take.
 """
 
 from __future__ import annotations
@@ -65,13 +77,14 @@ import torch
 
 from jbkv_cli.attention.attend import CachedKV, attend
 from jbkv_cli.attention.diagnostics import AttentionObserver
+from jbkv_cli.attention.rope import KeyRotation, pair_table, rotate_pairs
 from jbkv_cli.kvcache import coverage
 from jbkv_cli.kvcache.coverage import Coverage
 from jbkv_cli.kvcache.pruned import PrunedChunk
 from jbkv_cli.kvcache.rope import KeyRope
 from jbkv_cli.kvcache.spans import Span, SpanSlice, held_spans, span_members
 from jbkv_cli.kvcache.spec import FULL_PRECISION, KVSpec
-from jbkv_cli.prune.base import HeldKeys, LayerPruning, RescoringPruning
+from jbkv_cli.prune.base import Decision, HeldKeys, LayerPruning, ReadPruning, RescoringPruning
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MIXED, measure_noise
 from jbkv_cli.quant.policy import PER_CHUNK, SpanPolicy
@@ -143,6 +156,7 @@ class ChunkKVCache:
         observer: AttentionObserver | None = None,
         pruning: LayerPruning | None = None,
         rope: KeyRope | None = None,
+        phase: KeyRope | None = None,
     ) -> None:
         if window is not None and window < 0:
             raise ValueError(f"window must be >= 0 chunks or None, got {window}")
@@ -157,6 +171,13 @@ class ChunkKVCache:
         _check_policies(spec, self.policies, rope)
         self.pruning = pruning
         self._rescoring = isinstance(pruning, RescoringPruning)
+        self._deciding = isinstance(pruning, ReadPruning)
+        if self._deciding and phase is None:
+            raise ValueError(
+                "a pruner deciding at read re-phases its sink: the cache needs the model's RoPE "
+                "table (phase)"
+            )
+        self.phase = phase
         self.spec = spec
         self.window = window
         self.keep_view = keep_view
@@ -321,11 +342,29 @@ class ChunkKVCache:
             decision = self.pruning.rescore(self.committed, k, self._held_keys())
         else:
             decision = self.pruning.commit(self.committed, k)
+        self._settle_decision(decision)
+        return PrunedChunk(k, v, decision.keep, self._stored_as, decision.held.get(self.committed))
+
+    def _settle_decision(self, decision: Decision) -> None:
+        """Apply a decision to the chunks held: drop the tokens of earlier chunks it settles,
+        remove the chunks it releases."""
         held = {c.serial: c.pruned for c in self.chunks if c.pruned is not None}
         for serial, start, keep in decision.settled:
             if serial in held:
                 held[serial].drop(start, keep, decision.held.get(serial))
-        return PrunedChunk(k, v, decision.keep, self._stored_as, decision.held.get(self.committed))
+        gone = set(decision.released)
+        if self._deciding:  # a chunk that holds no slot any more (a shape: no device read)
+            gone |= {
+                c.serial for c in self.chunks if c.pruned is not None and c.pruned.num_kept == 0
+            }
+        if gone:
+            self.chunks = [c for c in self.chunks if c.serial not in gone]
+            self.pruning.forget(gone)
+
+    def _decide_at_read(self, tokens: int) -> None:
+        """A :class:`ReadPruning`'s decision before the first read of a chunk of ``tokens``."""
+        self._settle_decision(self.pruning.decide(self._held_keys(), tokens))
+        self._view = None
 
     def _held_keys(self) -> HeldKeys:
         """The pruned chunks' keys as a read dequantizes them, with their steps (sink chunks,
@@ -473,6 +512,8 @@ class ChunkKVCache:
             raise ValueError(f"last must be >= 0 chunks or None, got {last}")
         if positions and self.rope is None:
             raise ValueError("read positions need a pre-RoPE cache (rope)")
+        if self._deciding and (last is not None or not sinks):
+            raise ValueError("a pruner deciding at read reads the whole cache (its sink first)")
         key = (self.committed, last, tuple(sorted((positions or {}).items())), sinks)
         if self._view is not None and self._view[0] == key:
             return self._view[1]
@@ -483,6 +524,8 @@ class ChunkKVCache:
                 view = self._assemble(chunks)
                 if self.rope is not None:
                     self._rotate(view, chunks, positions or {})
+                if self._deciding:
+                    self._rephase(view)
             finally:
                 for span in self._spans():
                     span.release()
@@ -569,6 +612,34 @@ class ChunkKVCache:
         if noisy:
             view.key_rotation = self.rope.rotation(at, [c.length for c in chunks], view.k.shape[-1])
 
+    def _rephase(self, view: CachedKV) -> None:
+        """Rotate the first held keys (a :class:`ReadPruning`'s sink) by the temporal shift it
+        states (module docstring, **Decisions at read**)."""
+        tokens, frames = self.pruning.phase()
+        if tokens == 0 or frames == 0:
+            return
+        cos, sin = (t[:1].expand(tokens, -1) for t in self.phase.tables(frames))
+        pairs = self.phase.pairs
+
+        def shifted(x: torch.Tensor) -> torch.Tensor:
+            moved = rotate_pairs(x[..., :tokens, :], cos.to(x.device), sin.to(x.device), pairs)
+            return torch.cat([moved, x[..., tokens:, :]], dim=-2)
+
+        view.k = shifted(view.k)
+        if view.k_ref is not None:
+            view.k_ref = shifted(view.k_ref)
+        if view.k_step is None:
+            return
+        if view.rotation is not None:
+            raise ValueError("keys stored in a rotated basis cannot be re-phased")
+        rest = view.k.shape[-2] - tokens
+        ones = torch.ones(rest, cos.shape[-1], dtype=cos.dtype, device=cos.device)
+        full_cos = torch.cat([cos, ones])
+        full_sin = torch.cat([sin, torch.zeros_like(ones)])
+        view.key_rotation = KeyRotation(
+            pair_table(full_cos, pairs).float(), pair_table(full_sin, pairs).float(), pairs
+        )
+
     def _stepped(self, chunk: _Chunk) -> bool:
         """Whether ``chunk``'s keys carry a quantization step: stored by a method (a part not
         raw), or under the bias-only ablation a predicted step."""
@@ -627,6 +698,10 @@ class ChunkKVCache:
         """Attention of ``q`` over ``[cached (last chunks) | current]`` with the spec's correction
         (``positions``: read positions of pre-RoPE chunks; ``sinks``: include the sinks; as
         :meth:`read`)."""
+        if self._deciding:
+            self.pruning.observe(q, scale)
+            if self._reads == 0 and self.chunks and self.pruning.due(k_cur.shape[-2]):
+                self._decide_at_read(k_cur.shape[-2])
         cached = self.read(last, positions, sinks)
         if self._rescoring:
             self.pruning.observe(q, scale)

@@ -39,12 +39,16 @@ def layer_caches(
     frame_tokens: int,
     observer: AttentionObserver | None = None,
     rope: KeyRope | None = None,
+    phase: KeyRope | None = None,
 ) -> list[ChunkKVCache]:
     """One cache per layer of ``model``, with the pruner's plan for each layer when
     ``spec.pruner`` is set (``ValueError`` when its profile does not fit the layout), each at
     its layer's widths when they differ by layer (:meth:`KVSpec.at_layer`; ``ValueError`` when
     the per-layer spec does not fit ``layers``); ``rope``: the caches hold keys before RoPE and
-    rotate them on read (one table for every layer)."""
+    rotate them on read (one table for every layer); ``phase``: the model's RoPE table for a
+    pruner that re-phases held keys (:class:`~jbkv_cli.prune.base.ReadPruning`). A pruner that
+    bounds the cache itself (``owns_buffer``) gets no ``window``: it would evict the pruner's
+    sink."""
     if rope is None and spec.key_layout == "pre-rope":
         raise ValueError(f"{spec.label} caches keys before RoPE, which {model} does not support")
     if spec.layers is not None:
@@ -52,8 +56,12 @@ def layer_caches(
     plans: list = [None] * layers
     if spec.pruner is not None:
         plans = spec.pruner.plans(model, layers, kv_heads, frame_tokens)
+        if spec.pruner.owns_buffer:
+            window = None
     caches = [
-        ChunkKVCache(spec.at_layer(i), window, observer=observer, pruning=plan, rope=rope)
+        ChunkKVCache(
+            spec.at_layer(i), window, observer=observer, pruning=plan, rope=rope, phase=phase
+        )
         for i, plan in enumerate(plans)
     ]
     for index, cache in enumerate(caches):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from jbkv_cli.prune.base import KVPruner
 from jbkv_cli.quant.method import ROLES, KVMethod, Role
 from jbkv_cli.quant.noise import MeasuredNoise
 from jbkv_cli.quant.qvg import QVGTensor
@@ -80,17 +81,29 @@ def take_tokens(t: QuantizedTensor, index: torch.Tensor) -> QuantizedTensor:
     raise TypeError(f"tokens cannot be removed from a stored {type(t).__name__}")
 
 
-def check_prunable(method: KVMethod, head_dim: int) -> None:
+def check_prunable(method: KVMethod, head_dim: int, pruner: KVPruner | None = None) -> None:
     """Raise ``ValueError`` unless ``method`` stores every token on its own, so that pruning
-    can remove tokens from what it stored."""
+    can remove tokens from what it stored, and, for a ``pruner`` that re-phases its sink
+    (``owns_buffer``), stores keys in their own basis (the rotation then carries the noise)."""
     if any(method.residual_tokens(role) for role in ROLES):
         raise ValueError(f"{method.label} keeps a full-precision residual of the newest tokens")
     x = torch.randn(4, head_dim, generator=torch.Generator().manual_seed(0))
     for role in ROLES:
         try:
-            take_tokens(method.quantize(x, role), torch.tensor([1, 3]))
+            stored = method.quantize(x, role)
+            take_tokens(stored, torch.tensor([1, 3]))
         except TypeError as exc:
             raise ValueError(f"{method.label} {role}s: {exc}") from None
+        if (
+            role == "key"
+            and pruner is not None
+            and pruner.owns_buffer
+            and stored.rotation is not None
+        ):
+            raise ValueError(
+                f"{method.label} stores keys in a rotated basis: {pruner.name}'s sink cannot be "
+                "re-phased"
+            )
 
 
 def _index_dtype(length: int) -> torch.dtype:

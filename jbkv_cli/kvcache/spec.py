@@ -75,6 +75,8 @@ class KVSpec:
                     )
             if self.key_layout == "pre-rope":
                 raise ValueError("the pre-RoPE key layout is not implemented for pruned caches")
+            if self.pruner.owns_buffer and self.sink_chunks:
+                raise ValueError(f"{self.pruner.name} keeps its own sink: no sink chunks")
 
     def _check_layers(self) -> None:
         """The template methods are the first width each side names (None: no layer stores

@@ -135,11 +135,15 @@ class LoopCaches:
         progress: ProgressFn | None = None,
         branches: Sequence[str] = (MAIN,),
         views: bool = False,
+        phase: KeyRope | None = None,
     ) -> LoopCaches:
         """One stack of layer caches per branch (:func:`~jbkv_cli.kvcache.layer_caches` from
-        ``spec`` and the model's head layout; e.g. one per CFG branch), every one probed."""
+        ``spec`` and the model's head layout; e.g. one per CFG branch), every one probed
+        (``phase``: the model's RoPE table for a pruner that re-phases held keys)."""
         parts = {
-            name: layer_caches(spec, window, model=model, observer=observer, rope=rope, **heads)
+            name: layer_caches(
+                spec, window, model=model, observer=observer, rope=rope, phase=phase, **heads
+            )
             for name in branches
         }
         return cls(parts, chunks, probe=probe, progress=progress, views=views)

@@ -2,14 +2,23 @@
 
 - :mod:`~jbkv_cli.prune.base`: the :class:`KVPruner` base and the per-layer protocol.
 - :mod:`~jbkv_cli.prune.registry`: the pruners by name (``forcing-kv``, ``forcing-kv-history``,
-  ``flowcache``, ``flowcache-corrected``).
+  ``flowcache``, ``flowcache-corrected``, ``deep-forcing``).
 - :mod:`~jbkv_cli.prune.forcing_kv`: Forcing-KV as its official code runs it.
 - :mod:`~jbkv_cli.prune.forcing_kv_history`: jbkv's earlier pruner after Forcing-KV's abstract.
 - :mod:`~jbkv_cli.prune.flowcache`: after FlowCache (re-scored eviction) and its corrected ablation.
+- :mod:`~jbkv_cli.prune.deep_forcing`: after Deep Forcing (Participative Compression, Deep Sink).
 - :mod:`~jbkv_cli.prune.profile`: offline head profiling and the JSON profile it writes.
 """
 
-from jbkv_cli.prune.base import Decision, HeldKeys, KVPruner, LayerPruning, RescoringPruning
+from jbkv_cli.prune.base import (
+    Decision,
+    HeldKeys,
+    KVPruner,
+    LayerPruning,
+    ReadPruning,
+    RescoringPruning,
+)
+from jbkv_cli.prune.deep_forcing import DeepForcing, DeepForcingLayer
 from jbkv_cli.prune.flowcache import FlowCache, FlowCacheCorrected, FlowCacheLayer
 from jbkv_cli.prune.forcing_kv import ForcingKV, ForcingKVLayer
 from jbkv_cli.prune.forcing_kv_history import ForcingKVHistory, ForcingKVHistoryLayer
@@ -25,6 +34,8 @@ from jbkv_cli.prune.registry import (
 __all__ = [
     "PRUNERS",
     "Decision",
+    "DeepForcing",
+    "DeepForcingLayer",
     "FlowCache",
     "FlowCacheCorrected",
     "FlowCacheLayer",
@@ -37,6 +48,7 @@ __all__ = [
     "KVPruner",
     "LayerPruning",
     "ProfileError",
+    "ReadPruning",
     "RescoringPruning",
     "build_pruner",
     "load_profile",

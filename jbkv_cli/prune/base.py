@@ -13,6 +13,12 @@ A layer state that re-scores what the cache already holds (FlowCache) is a
 (:meth:`RescoringPruning.observe`) and, at each commit, every key it holds of earlier pruned
 chunks as attention would read them (:class:`HeldKeys`: dequantized, with their steps), so it can
 drop tokens it kept before. A plain :class:`LayerPruning` sees only each new chunk's exact keys.
+
+A layer state that decides when a new chunk is first *read* (Deep Forcing: the first denoising
+step of a block) is a :class:`ReadPruning`: it keeps each committed chunk whole, sees the queries
+of every attention call, and at the first read after each commit may drop held tokens (and
+release chunks that hold none any more) before attention reads them; it may also re-phase the
+first held keys (its sink) in time (:meth:`ReadPruning.phase`).
 """
 
 from __future__ import annotations
@@ -88,6 +94,9 @@ class Decision:
     keep: torch.Tensor
     settled: list[tuple[int, int, torch.Tensor]]
     held: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    released: tuple[int, ...] = ()
+    """Chunks (serials) of which no token is held any more, known from the pruner's own
+    bookkeeping: the cache removes them (no positions laid out for them in later reads)."""
 
 
 @runtime_checkable
@@ -106,6 +115,31 @@ class RescoringPruning(LayerPruning, Protocol):
         ...
 
 
+@runtime_checkable
+class ReadPruning(LayerPruning, Protocol):
+    """A layer state that decides at the first read of each new chunk (see the module
+    docstring); its ``commit`` keeps the whole chunk."""
+
+    def observe(self, q: torch.Tensor, scale: float) -> None:
+        """The queries ``[B, Hq, Lq, D]`` (post-RoPE) of an attention call, before it reads."""
+        ...
+
+    def due(self, tokens: int) -> bool:
+        """Whether a new chunk of ``tokens`` calls for a decision (from host-known state)."""
+        ...
+
+    def decide(self, held: HeldKeys, tokens: int) -> Decision:
+        """Decide again on every token the cache holds (``held``, every chunk) at the first
+        read of a new chunk of ``tokens``; ``Decision.keep`` is empty (the new chunk is not
+        stored yet)."""
+        ...
+
+    def phase(self) -> tuple[int, int]:
+        """``(tokens, frames)``: the first ``tokens`` held keys are read as if ``frames`` later
+        in time than they were committed (a temporal RoPE shift; ``(0, 0)``: none)."""
+        ...
+
+
 @dataclass(frozen=True)
 class KVPruner:
     """Base of pruners. Class attributes a subclass sets: ``name`` (registry and CLI name),
@@ -118,6 +152,10 @@ class KVPruner:
     title: ClassVar[str] = ""
     short: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    owns_buffer: ClassVar[bool] = False
+    """The pruner bounds the cache itself and keeps, and re-phases, its own sink (Deep
+    Forcing): its caches get no window and the model's RoPE table, the model no sink chunks,
+    and its keys cannot be stored in a rotated basis."""
 
     def __post_init__(self) -> None:
         check_fields(self, self.name)
@@ -128,6 +166,10 @@ class KVPruner:
 
     def check(self, model: str) -> None:
         """Raise ``ValueError`` when the pruner cannot run on ``model`` (missing profile, ...)."""
+
+    def check_chunks(self, chunk_frames: int) -> None:
+        """Raise ``ValueError`` when the pruner cannot run on chunks of ``chunk_frames`` latent
+        frames (default: it can)."""
 
     def extra_id(self) -> list[str]:
         """Variant-id parts for non-default options (default: none)."""

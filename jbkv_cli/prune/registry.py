@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jbkv_cli.prune.base import KVPruner
+from jbkv_cli.prune.deep_forcing import DeepForcing
 from jbkv_cli.prune.flowcache import FlowCache, FlowCacheCorrected
 from jbkv_cli.prune.forcing_kv import ForcingKV
 from jbkv_cli.prune.forcing_kv_history import ForcingKVHistory
@@ -62,3 +63,4 @@ register_pruner(ForcingKV)
 register_pruner(ForcingKVHistory)
 register_pruner(FlowCache)
 register_pruner(FlowCacheCorrected)
+register_pruner(DeepForcing)

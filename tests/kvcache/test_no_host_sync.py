@@ -12,7 +12,10 @@ A synthetic layer stack (two KV heads of 64 channels, chunks of two 16-token fra
 chunks of two attention calls and a commit per layer, as a model's loop does: one layer for a
 method × correction (layers hold independent caches: a second adds the same operations), two
 for the pruners, which read a profile written for it (layer 0 dynamic and static, layer 1
-dynamic).
+dynamic). Deep Forcing, which runs on Self-Forcing only, gets that name, the rotate-half table
+to re-phase its sink with, and sizes that make it decide from the 4th chunk on; its first
+re-phase makes the rotation's constants (the correction's pair channels), so it warms a chunk
+longer.
 The model loops themselves: ``tests/models/test_fake_cuda_loop.py``.
 """
 
@@ -71,7 +74,7 @@ def _spec(method: str, correction: str, pruner=None) -> KVSpec | None:
             method, 2, correction=correction, pruner=pruner, **FEWER_ROUNDS.get(method, {})
         )
         for stored in {spec.key, spec.value} - {None} if pruner else ():
-            check_prunable(stored, DIM)
+            check_prunable(stored, DIM, pruner)
     except ValueError:
         return None  # refused before the run (none is refused in it)
     return spec.for_model(MODEL, FRAMES * FRAME)
@@ -113,10 +116,17 @@ def _pruned_specs(profile: str) -> list[KVSpec]:
     return out
 
 
-def pruner_with_profile(name: str, profile: str):
-    """The pruner ``name``, reading ``profile`` when it takes a head profile."""
+def pruner_with_profile(name: str, profile: str, chunk_frames: int = FRAMES):
+    """The pruner ``name``, reading ``profile`` when it takes a head profile; one that bounds
+    the cache itself (Deep Forcing) sized to decide at every read from the 4th chunk of
+    ``chunk_frames`` frames on (a buffer of 3 chunks; a sink frame, 2 chunks and a frame kept)."""
     takes = "profile" in {f.name for f in fields(PRUNERS[name])}
-    return build_pruner(name, **({"profile": profile} if takes else {}))
+    options: dict = {"profile": profile} if takes else {}
+    if PRUNERS[name].owns_buffer:
+        k = chunk_frames
+        options = dict(buffer_frames=3 * k, sink_frames=1, capacity_frames=2 * k + 1)
+        options["recent_frames"] = k
+    return build_pruner(name, **options)
 
 
 def _rope(device: str) -> KeyRope:
@@ -134,14 +144,16 @@ def _rope(device: str) -> KeyRope:
 def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool) -> list[int]:
     """The transfers each chunk adds (``chunks`` chunks of ``READS`` reads and a commit)."""
     length = FRAMES * FRAME
+    owns = spec.pruner is not None and spec.pruner.owns_buffer  # Self-Forcing's, re-phased
     caches = layer_caches(
         spec,
         2,
-        model=MODEL,
+        model="self-forcing" if owns else MODEL,
         layers=1 if spec.pruner is None else PRUNED_LAYERS,
         kv_heads=KV_HEADS,
         frame_tokens=FRAME,
         rope=_rope("cuda") if rope else None,
+        phase=_rope("cuda") if owns else None,
     )
     counts = []
     for chunk in range(chunks):
@@ -158,7 +170,8 @@ def _loop(spec: KVSpec, cuda: FakeCuda, chunks: int, rope: bool) -> list[int]:
 
 
 def _check(spec: KVSpec, rope: bool = False) -> None:
-    warm = 2 + spec.sink_chunks + (spec.pruner is not None)  # module docstring
+    owns = spec.pruner is not None and spec.pruner.owns_buffer
+    warm = 2 + spec.sink_chunks + (spec.pruner is not None) + owns  # module docstring
     with FakeCuda() as cuda:
         added = _loop(spec, cuda, warm + STEADY, rope)  # a host read raises HostSync
     assert added[warm:] == [0] * STEADY, (spec.variant_id, added, cuda.transfers)

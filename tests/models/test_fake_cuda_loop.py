@@ -23,7 +23,9 @@ its own paths: ``tiny`` (the cheapest) runs every method, method ``i`` with corr
 runs correction ``k − 1`` with method ``k − 1 + 7k`` (where a model does not accept the pair the
 next method), so the large models together run six of the corrections with six methods; and
 every model that accepts a pruner runs pruner ``k`` (mod the pruners; the next one it does not
-accept it), so each pruner runs on two models or more. "Accepts" as ``jbkv generate`` decides:
+accept it), so each pruner runs on two models or more; a pruner that bounds the cache itself
+(Deep Forcing: Self-Forcing only) runs, besides, on every model that accepts it, sized to decide
+within the short video. "Accepts" as ``jbkv generate`` decides:
 the spec builds, the model resolves it, the method fits the head dim, a pruner has the model's
 head layout and a method that stores each token on its own. The full product on one cache is
 ``tests/kvcache/test_no_host_sync.py``. A variant whose policy compresses nothing in so short a
@@ -133,7 +135,7 @@ def _accepted(model: VideoModel, method: str, correction: str, pruner) -> KVSpec
             if head_dim is not None:
                 m.check(head_dim)
                 if pruner is not None:
-                    check_prunable(m, head_dim)
+                    check_prunable(m, head_dim, pruner)
         if pruner is not None:
             if not isinstance(model, PrunableModel):
                 return None
@@ -166,20 +168,24 @@ def _variants(name: str, model: VideoModel, folder: Path) -> list[KVSpec]:
     if isinstance(model, PrunableModel):
         profile = _profile(model, folder)
         frame = model.head_layout()["frame_tokens"]
-        pruners = []
-        for p in rotated(list(PRUNERS), k):
+        pruners, own = [], []
+        chunk_frames = model.settings.get("chunk_frames", 1)
+        for p in rotated([p for p in PRUNERS if not PRUNERS[p].owns_buffer], k):
             pruner = pruner_with_profile(p, profile)
             if getattr(pruner, "segments", 0) > frame:  # the tiny frames: 4 tokens
                 pruner = replace(pruner, segments=frame)
             pruners.append(pruner)
-        specs.append(
-            first(
-                (m, c, p)
-                for p in pruners
-                for c in rotated(corrections, k)
-                for m in rotated(methods, k)
+        for p in (p for p in PRUNERS if PRUNERS[p].owns_buffer):
+            own.append(pruner_with_profile(p, profile, chunk_frames))
+        for group in (pruners, *([p] for p in own)):
+            specs.append(
+                first(
+                    (m, c, p)
+                    for p in group
+                    for c in rotated(corrections, k)
+                    for m in rotated(methods, k)
+                )
             )
-        )
     return list(dict.fromkeys(s for s in specs if s is not None))
 
 

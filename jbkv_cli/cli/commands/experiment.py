@@ -118,7 +118,7 @@ def _prune_problem(model: VideoModel, spec: KVSpec) -> str | None:
         return None
     try:
         for method in {spec.key, spec.value} - {None}:
-            check_prunable(method, head_dim)
+            check_prunable(method, head_dim, spec.pruner)
     except ValueError as exc:
         return str(exc)
     return None

@@ -71,9 +71,11 @@ class WanHeads:
         probe: Any,
         progress: ProgressFn | None,
         branches: tuple[str, ...] = (MAIN,),
+        phase: KeyRope | None = None,
     ) -> LoopCaches:
         """One cache per block and branch (e.g. per CFG branch) for ``spec``, holding
-        ``config.window`` chunks, and the loop's books (working bytes measured)."""
+        ``config.window`` chunks, and the loop's books (working bytes measured); ``phase``: the
+        RoPE table a pruner that re-phases held keys needs."""
         return LoopCaches.build(
             spec,
             self.config.window,
@@ -86,6 +88,7 @@ class WanHeads:
             progress=progress,
             branches=branches,
             views=True,
+            phase=phase,
         )
 
     def profile_heads(self, prompt: str, seed: int, probe: Any) -> None:

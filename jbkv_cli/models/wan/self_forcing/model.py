@@ -91,6 +91,7 @@ from jbkv_cli.models.wan.options import (
     chunks_for_frames,
     runtime_options,
 )
+from jbkv_cli.models.wan.rope import wan_key_rope
 from jbkv_cli.models.wan.self_forcing.components import (
     Components,
     WeightPaths,
@@ -346,6 +347,23 @@ class SelfForcing(WanHeads, VideoModelBase):
         s = self.config
         return encode_image(self.components.vae, path, case, s.height, s.width, s.device)
 
+    def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        """``kv`` as this model runs it; a pruner that keeps its own buffer and sink (Deep
+        Forcing) refuses a config with sink chunks, and every pruner checks the chunk size
+        (:class:`UsageError`)."""
+        pruner = kv.pruner
+        if pruner is not None:
+            if pruner.owns_buffer and self.config.sink:
+                raise UsageError(
+                    f"{pruner.name} keeps its own sink and buffer: it cannot run on "
+                    f"{self.config.config}, whose cache keeps {self.config.sink} sink chunk(s)"
+                )
+            try:
+                pruner.check_chunks(self.config.chunk_frames)
+            except ValueError as exc:
+                raise UsageError(f"{pruner.name} on {self.name}: {exc}") from None
+        return super().resolve_kv(kv)
+
     def cache_spec(self, kv: KVSpec) -> KVSpec:
         """``kv`` as this model runs it (:meth:`resolve_kv`), with its attention sinks
         (``sink`` chunks) unless it sets its own."""
@@ -386,8 +404,12 @@ class SelfForcing(WanHeads, VideoModelBase):
         text = self.encode_prompt(prompt)
         spec = self.cache_spec(kv)
         generator = noise_generator(seed, prompt if name is None else name)
-        rope = self.key_rope(spec, layout, torch.empty(self.chunk_shape, device="meta"))
-        books = self.loop_caches(spec, rope, observer, probe, progress)
+        latents = torch.empty(self.chunk_shape, device="meta")
+        rope = self.key_rope(spec, layout, latents)
+        phase = None
+        if spec.pruner is not None and spec.pruner.owns_buffer:  # Deep Forcing's sink
+            phase = wan_key_rope(transformer, latents)
+        books = self.loop_caches(spec, rope, observer, probe, progress, phase=phase)
         context = self.context(books.layers(), rope)
         chunks = []
         first = 0
