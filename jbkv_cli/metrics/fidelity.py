@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from jbkv_cli.metrics.chunks import chunk_frames_of, chunk_of, first_chunk_frames_of, per_chunk
+from jbkv_cli.metrics.folders import check_video_folder
 from jbkv_cli.metrics.perceptual import DESCRIPTION as LPIPS_DESCRIPTION
 from jbkv_cli.metrics.perceptual import LpipsAlex, try_load_lpips
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB, mse_per_frame, psnr_from_mse
@@ -296,10 +297,7 @@ def aggregate_scores(videos: list[VideoScores]) -> dict[str, dict[str, float | i
 
 
 def _scan(root: Path, role: str, warnings: list[str]) -> dict[str, Path]:
-    if not root.exists():
-        raise JbkvError(f"{role} folder not found: {root}")
-    if not root.is_dir():
-        raise JbkvError(f"{role} path is not a folder: {root}")
+    check_video_folder(root, role)
     found: dict[str, list[Path]] = {}
     for path in root.rglob("*"):
         relative = path.relative_to(root)

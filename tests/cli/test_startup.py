@@ -99,6 +99,20 @@ def test_usage_errors_from_the_command_line_alone_start_without_torch(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_missing_fidelity_folders_are_refused_without_torch(tmp_path):
+    """``jbkv fidelity`` checks its two folders before it imports the scoring stack."""
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "file.mp4").write_bytes(b"")
+    for args, needle in (
+        (["missing", "ref"], "reference folder not found"),
+        (["ref", "missing"], "test folder not found"),
+        (["ref", "file.mp4"], "test path is not a folder"),
+    ):
+        modules, lines, code = imported("fidelity", *args, cwd=tmp_path)
+        assert code == 1 and len(lines) == 1 and needle in lines[0], lines
+        assert heavy_in(modules) == [], args
+
+
 def test_the_registries_names_reach_the_usage_errors(tmp_path):
     """The names a refusal lists come from :mod:`jbkv_cli.cli.names` (no registry imported
     here); tests/cli/test_names.py ties them to the registries."""

@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from jbkv_cli.cli.outputs import check_output_file
+from jbkv_cli.metrics.folders import check_video_folder
 from jbkv_cli.utils import distributed
 from jbkv_cli.utils.atomic import write_text_atomic
 from jbkv_cli.utils.console import err, out, plain, warn
@@ -69,6 +70,8 @@ def fidelity_command(
             check_output_file(path, flag, inputs=(ref, test))
     if json_path is not None and csv_path is not None and json_path.resolve() == csv_path.resolve():
         raise UsageError(f"--json and --csv name the same file {json_path}")
+    check_video_folder(ref, "reference")
+    check_video_folder(test, "test")
     import torch
 
     from jbkv_cli.metrics.fidelity import compare_dirs
