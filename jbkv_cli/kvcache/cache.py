@@ -289,6 +289,9 @@ class ChunkKVCache:
                 chunk.waiting.add("bias")
         if self.observer is not None:
             chunk.ref = (k.detach().clone(), v.detach().clone())
+            committed = getattr(self.observer, "committed", None)
+            if committed is not None:  # keys as stored: before RoPE when position is kept
+                committed(self.layer, k, v)
         self.chunks.append(chunk)
         self.committed += 1
         self._reads = 0

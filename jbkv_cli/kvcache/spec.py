@@ -436,3 +436,14 @@ def _pruner(data: dict[str, Any] | None) -> KVPruner | None:
 
 
 FULL_PRECISION = KVSpec()
+
+
+@dataclass(frozen=True)
+class ExactPreRope(KVSpec):
+    """The 16-bit reference with its keys cached before RoPE and rotated on read (on a model
+    whose caches can): the same attention as :data:`FULL_PRECISION` up to float rounding, its
+    commits the pre-RoPE keys a pre-RoPE method stores (``jbkv calibrate`` observes them)."""
+
+    @property
+    def key_layout(self) -> str:
+        return "pre-rope"

@@ -195,6 +195,50 @@ def split_values(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
     return OutlierSplit(pos.to(_index_dtype(d)), value, top, bottom, -1, pooled)
 
 
+def split_keys_fixed(
+    y: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor, exact: torch.dtype
+) -> OutlierSplit:
+    """Keys with fixed per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (a calibration
+    artifact's): the outliers are the entries strictly beyond them, whose count varies by
+    channel; the sparse list holds, per channel, the ``K_hi`` largest and ``K_lo`` smallest
+    entries, ``K`` the most any channel of the chunk has beyond its threshold (one host read),
+    so a channel with fewer keeps a few in-range entries exact too (step 0, counted)."""
+    n = y.shape[-2]
+    heads, dim = upper.shape
+    shape = (*(1,) * (y.ndim - 3), heads, 1, dim) if y.ndim >= 3 else (1, dim)
+    up = upper.to(y.device, TABLE_DTYPE).reshape(shape)
+    lo = lower.to(y.device, TABLE_DTYPE).reshape(shape)
+    order = y.float().sort(dim=-2).indices
+    hi = int((y.float() > up.float()).sum(-2).max()) if n else 0
+    low = min(int((y.float() < lo.float()).sum(-2).max()) if n else 0, n - hi)
+    pos = torch.cat([order[..., :low, :], order[..., n - hi :, :]], dim=-2)
+    value = y.gather(-2, pos).to(exact)
+    return OutlierSplit(pos.to(_index_dtype(max(n, 1))), value, up, lo, -2)
+
+
+def normalise(y: torch.Tensor, split: OutlierSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z = (y − o)/r`` (module docstring; 0 where ``r = 0``) and the weight of each entry
+    in the codebook's fit, 0 at outliers: ``[..., n, D]`` float32 each."""
+    upper, lower = split.upper.float(), split.lower.float()
+    half = (upper - lower) / 2
+    z = torch.where(half > 0, (y.float() - (upper + lower) / 2) / half.clamp_min(1e-30), 0.0)
+    z = z.expand(y.shape) if z.shape != y.shape else z
+    keep = split.scatter(torch.ones_like(z), torch.zeros_like(split.value, dtype=z.dtype))
+    return z, keep
+
+
+@dataclass(frozen=True)
+class FixedTables:
+    """One layer's and role's calibrated tables: ``codebook``, ``cell_var`` ``[2^b]`` and, for
+    keys, per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (None for values, whose ranges
+    are per token, online)."""
+
+    codebook: torch.Tensor
+    cell_var: torch.Tensor
+    upper: torch.Tensor | None = None
+    lower: torch.Tensor | None = None
+
+
 @dataclass
 class KVQuantTensor(QuantizedTensor):
     """What KVQuant stores for one chunk (module docstring): ``first`` tokens exact, then the
@@ -210,18 +254,18 @@ class KVQuantTensor(QuantizedTensor):
     shape: torch.Size
     dtype: torch.dtype
     bits: int
+    fixed: bool = False  # the tables came from a calibration artifact (not stored per chunk)
 
     def stored(self) -> dict[str, torch.Tensor]:
-        out = {
-            "first": self.first,
-            "codes": self.codes,
-            "upper": self.split.upper,
-            "lower": self.split.lower,
-            "codebook": self.codebook,
-            "cell_var": self.cell_var,
-            "outlier_index": self.split.index,
-            "outlier_value": self.split.value,
-        }
+        """Per-chunk storage; with ``fixed`` tables the codebook, cell variances and the keys'
+        thresholds belong to the artifact (counted once per layer there), the values' per-token
+        ranges stay per chunk."""
+        out = {"first": self.first, "codes": self.codes}
+        if not (self.fixed and self.split.dim == -2):  # keys' fixed thresholds: the artifact's
+            out |= {"upper": self.split.upper, "lower": self.split.lower}
+        if not self.fixed:
+            out |= {"codebook": self.codebook, "cell_var": self.cell_var}
+        out |= {"outlier_index": self.split.index, "outlier_value": self.split.value}
         return out if self.norm is None else {**out, "qnorm": self.norm}
 
     @property
@@ -338,23 +382,36 @@ class KVQuant(KVMethod):
         return self if self.layout == "post-rope" else None
 
     def _quantize(self, x: torch.Tensor, role: Role) -> KVQuantTensor:
+        return self.quantize_fixed(x, role, None)
+
+    def quantize_fixed(
+        self, x: torch.Tensor, role: Role, tables: FixedTables | None
+    ) -> KVQuantTensor:
+        """Store ``x``: calibrated on the chunk itself (``tables`` None, the default), or with
+        a calibration artifact's fixed ``tables`` (keys' thresholds, the role's codebook and
+        cell variances; :mod:`jbkv_cli.quant.kvquant_calibration`), which are then not stored
+        with the chunk."""
         exact = exact_dtype(x.dtype)
         f = min(self.first_tokens, x.shape[-2])
         first, y = x[..., :f, :].to(exact), x[..., f:, :]
         rows, k = codebook_rows(x), 1 << self.bits
-        split = (split_keys if role == "key" else split_values)(y, self.outliers, exact)
-        upper, lower = split.upper.float(), split.lower.float()
-        half = (upper - lower) / 2
-        z = torch.where(half > 0, (y.float() - (upper + lower) / 2) / half.clamp_min(1e-30), 0.0)
-        keep = split.scatter(torch.ones_like(z), torch.zeros_like(split.value, dtype=z.dtype))
-        zr, wr = z.reshape(rows, -1), keep.reshape(rows, -1)
-        if zr.shape[-1] == 0:  # every token exact: nothing to fit
-            book = torch.zeros(rows, k, device=x.device)
+        if role == "key" and tables is not None:
+            split = split_keys_fixed(y, tables.upper, tables.lower, exact)
         else:
-            book = fit_codebook(zr, wr, k, self.iters)
-        book = book.to(TABLE_DTYPE)
+            split = (split_keys if role == "key" else split_values)(y, self.outliers, exact)
+        z, keep = normalise(y, split)
+        zr, wr = z.reshape(rows, -1), keep.reshape(rows, -1)
+        if tables is not None:
+            book = tables.codebook.to(x.device, TABLE_DTYPE).reshape(1, k).expand(rows, k)
+        elif zr.shape[-1] == 0:  # every token exact: nothing to fit
+            book = torch.zeros(rows, k, device=x.device).to(TABLE_DTYPE)
+        else:
+            book = fit_codebook(zr, wr, k, self.iters).to(TABLE_DTYPE)
         codes = encode(zr, book) if zr.shape[-1] else zr.to(torch.uint8)
-        var = cell_variance(zr, wr, book) if zr.shape[-1] else book.float()
+        if tables is not None:
+            var = tables.cell_var.to(x.device, TABLE_DTYPE).reshape(1, k).expand(rows, k)
+        else:
+            var = cell_variance(zr, wr, book) if zr.shape[-1] else book.float()
         norm = None
         if self.qnorm:
             recon = book.float().gather(-1, codes.long())
@@ -362,7 +419,7 @@ class KVQuant(KVMethod):
             norm = torch.cat([s, o], dim=-1).to(TABLE_DTYPE)
         return KVQuantTensor(
             first, pack_codes(codes.reshape(y.shape), self.bits), split, book,
-            var.to(TABLE_DTYPE), norm, x.shape, x.dtype, self.bits,
+            var.to(TABLE_DTYPE), norm, x.shape, x.dtype, self.bits, tables is not None,
         )  # fmt: skip
 
     def extra_id(self) -> list[str]:
