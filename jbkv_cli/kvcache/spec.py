@@ -101,11 +101,14 @@ class KVSpec:
         the template methods at that layer's widths, the correction where its keys are
         quantized; ``ValueError`` when the spec names no width for ``layer``)."""
         if self.layers is None:
-            return self
+            key, value = (None if m is None else m.at_layer(layer) for m in (self.key, self.value))
+            if (key, value) == (self.key, self.value):
+                return self
+            return replace(self, key=key, value=value)
         pair = self.layers.at(layer)
         template = self.key or self.value
-        key = None if pair.key == 16 else _at_bits(template, pair.key)
-        value = None if pair.value == 16 else _at_bits(template, pair.value)
+        key = None if pair.key == 16 else _at_bits(template, pair.key).at_layer(layer)
+        value = None if pair.value == 16 else _at_bits(template, pair.value).at_layer(layer)
         correction = self.correction if key is not None else "none"
         return replace(self, key=key, value=value, correction=correction, layers=None)
 

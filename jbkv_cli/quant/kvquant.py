@@ -77,8 +77,10 @@ Differences from the source (why "after KVQuant"):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -99,12 +101,33 @@ from jbkv_cli.quant.nuq import (
 from jbkv_cli.quant.tensor import CENTROID, MIXED, QuantizedTensor
 from jbkv_cli.utils.fields import option
 
+if TYPE_CHECKING:
+    from jbkv_cli.quant.kvquant_calibration import Calibration
+
 LAYOUTS = ("pre-rope", "post-rope")
 KVQUANT_BITS = (2, 3, 4)
 MAX_FIRST_TOKENS = 2**20
+MAX_LAYERS = 4096
 DEFAULT_OUTLIERS = 0.01
 DEFAULT_ITERS = 50  # the source's KMeans(max_iter=50)
 TABLE_DTYPE = torch.float16  # thresholds, codebook, cell variances, Q-Norm
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of a file (hex), read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _calibration(path: str, sha256: str | None) -> Calibration:
+    """A calibration file, read once per (path, digest) (:mod:`~jbkv_cli.quant.kvquant_calibration`)."""
+    from jbkv_cli.quant.kvquant_calibration import load_calibration
+
+    return load_calibration(path)
 
 
 def threshold(f: float) -> float:
@@ -136,11 +159,16 @@ class OutlierSplit:
     lower: torch.Tensor
     dim: int
     pooled: bool = False
+    real: torch.Tensor | None = None  # fixed thresholds: which listed entries are outliers
 
     def scatter(self, t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``t [..., n, D]`` with the outliers' entries replaced by ``values``."""
+        """``t [..., n, D]`` with the outliers' entries replaced by ``values`` (with ``real``,
+        the listed entries that are not outliers keep ``t``'s)."""
         view = token_view(t) if self.pooled else t
-        out = view.scatter(self.dim, self.index.long(), values.to(view.dtype))
+        index = self.index.long()
+        if self.real is not None:
+            values = torch.where(self.real, values.to(view.dtype), view.gather(self.dim, index))
+        out = view.scatter(self.dim, index, values.to(view.dtype))
         return out.unflatten(-1, (t.shape[1], t.shape[3])).transpose(1, 2) if self.pooled else out
 
 
@@ -200,9 +228,10 @@ def split_keys_fixed(
 ) -> OutlierSplit:
     """Keys with fixed per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (a calibration
     artifact's): the outliers are the entries strictly beyond them, whose count varies by
-    channel; the sparse list holds, per channel, the ``K_hi`` largest and ``K_lo`` smallest
-    entries, ``K`` the most any channel of the chunk has beyond its threshold (one host read),
-    so a channel with fewer keeps a few in-range entries exact too (step 0, counted)."""
+    channel. Computed on the ``K_hi`` largest and ``K_lo`` smallest entries of every channel
+    (``K`` the most any channel of the chunk has beyond its threshold: one host read), of
+    which ``real`` marks the outliers; the others stay coded. Stored: the outliers only, with
+    per-channel counts (:meth:`KVQuantTensor.stored`)."""
     n = y.shape[-2]
     heads, dim = upper.shape
     shape = (*(1,) * (y.ndim - 3), heads, 1, dim) if y.ndim >= 3 else (1, dim)
@@ -212,8 +241,10 @@ def split_keys_fixed(
     hi = int((y.float() > up.float()).sum(-2).max()) if n else 0
     low = min(int((y.float() < lo.float()).sum(-2).max()) if n else 0, n - hi)
     pos = torch.cat([order[..., :low, :], order[..., n - hi :, :]], dim=-2)
-    value = y.gather(-2, pos).to(exact)
-    return OutlierSplit(pos.to(_index_dtype(max(n, 1))), value, up, lo, -2)
+    picked = y.gather(-2, pos)
+    real = (picked.float() > up.float()) | (picked.float() < lo.float())
+    value = picked.to(exact)
+    return OutlierSplit(pos.to(_index_dtype(max(n, 1))), value, up, lo, -2, real=real)
 
 
 def normalise(y: torch.Tensor, split: OutlierSplit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,7 +296,16 @@ class KVQuantTensor(QuantizedTensor):
             out |= {"upper": self.split.upper, "lower": self.split.lower}
         if not self.fixed:
             out |= {"codebook": self.codebook, "cell_var": self.cell_var}
-        out |= {"outlier_index": self.split.index, "outlier_value": self.split.value}
+        split = self.split
+        if split.real is None:
+            out |= {"outlier_index": split.index, "outlier_value": split.value}
+        else:  # fixed thresholds: the outliers and each channel's count
+            counts = split.real.sum(-2).to(_index_dtype(self.coded_shape[-2] + 1))
+            out |= {
+                "outlier_count": counts,
+                "outlier_index": split.index[split.real],
+                "outlier_value": split.value[split.real],
+            }
         return out if self.norm is None else {**out, "qnorm": self.norm}
 
     @property
@@ -363,6 +403,59 @@ class KVQuant(KVMethod):
     layout: str | None = option(
         None, "str", choices=LAYOUTS, optional=True, note="keys; none: pre-rope where the cache can"
     )
+    calibration: str | None = option(
+        None, "str", optional=True, note="a jbkv calibrate file; none: per chunk"
+    )
+    calibration_sha256: str | None = option(None, "str", optional=True, cli=False)
+    layer: int | None = option(None, "int", lo=0, hi=MAX_LAYERS, optional=True, cli=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.calibration is None:
+            if self.calibration_sha256 is not None or self.layer is not None:
+                raise ValueError("kvquant.calibration_sha256 and layer go with a calibration")
+            return
+        digest = file_sha256(self.calibration)
+        if self.calibration_sha256 not in (None, digest):
+            raise ValueError(
+                f"calibration {self.calibration} changed: sha256 {digest[:12]}…, recorded "
+                f"{self.calibration_sha256[:12]}…"
+            )
+        object.__setattr__(self, "calibration_sha256", digest)
+        cal = _calibration(self.calibration, digest)
+        made = cal.meta.get("bits")
+        if made != str(self.bits):
+            raise ValueError(
+                f"calibration {self.calibration} was made for {made} bits, not {self.bits}"
+            )
+        layout = cal.meta.get("layout")
+        if self.layout is not None and layout != self.layout:
+            raise ValueError(
+                f"calibration {self.calibration} holds {layout} keys, not {self.layout}"
+            )
+
+    def for_model(
+        self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
+    ) -> KVQuant:
+        """Itself, once a calibration file is checked to be ``model``'s (``ValueError``)."""
+        if self.calibration is not None:
+            made = _calibration(self.calibration, self.calibration_sha256).meta.get("model")
+            if str(made).partition(":")[0] != model.partition(":")[0]:
+                raise ValueError(
+                    f"calibration {self.calibration} was made for model {made}, not {model}"
+                )
+        return self
+
+    def at_layer(self, layer: int) -> KVQuant:
+        """Bound to ``layer``'s tables when calibrated by a file (itself otherwise)."""
+        if self.calibration is None:
+            return self
+        cal = _calibration(self.calibration, self.calibration_sha256)
+        if layer >= len(cal.layers):
+            raise ValueError(
+                f"calibration {self.calibration} has {len(cal.layers)} layers, no layer {layer}"
+            )
+        return replace(self, layer=layer)
 
     def check(self, head_dim: int) -> None:
         per_byte = 8 if self.bits == 3 else 8 // self.bits
@@ -382,7 +475,15 @@ class KVQuant(KVMethod):
         return self if self.layout == "post-rope" else None
 
     def _quantize(self, x: torch.Tensor, role: Role) -> KVQuantTensor:
-        return self.quantize_fixed(x, role, None)
+        if self.calibration is None:
+            return self.quantize_fixed(x, role, None)
+        if self.layer is None:
+            raise ValueError(
+                f"{self.label}: a calibrated method is bound to a layer first (at_layer): this "
+                "cache is not one of a model's layer stack"
+            )
+        cal = _calibration(self.calibration, self.calibration_sha256)
+        return self.quantize_fixed(x, role, cal.tables(self.layer, role))
 
     def quantize_fixed(
         self, x: torch.Tensor, role: Role, tables: FixedTables | None
@@ -429,4 +530,5 @@ class KVQuant(KVMethod):
         parts += [f"first{self.first_tokens}"] if self.first_tokens else []
         parts += ["qnorm"] if self.qnorm else []
         parts += [f"it{self.iters}"] if self.iters != DEFAULT_ITERS else []
+        parts += [f"cal{self.calibration_sha256[:8]}"] if self.calibration_sha256 else []
         return parts + ([self.layout.replace("-", "")] if self.layout is not None else [])

@@ -131,6 +131,11 @@ class KVMethod:
         itself for most methods."""
         return self
 
+    def at_layer(self, layer: int) -> KVMethod:
+        """This method as attention layer ``layer``'s cache runs it (a method with per-layer
+        tables, a KVQuant calibration, binds them); itself for most methods."""
+        return self
+
     # --- shared -----------------------------------------------------------------------------
 
     def quantize(
