@@ -474,6 +474,12 @@ class KVQuant(KVMethod):
             return replace(self, layout="post-rope")
         return self if self.layout == "post-rope" else None
 
+    def table_nbytes(self, role: Role) -> int:
+        """The calibration's tables of this layer and ``role``, counted once per layer."""
+        if self.calibration is None or self.layer is None:
+            return 0
+        return _calibration(self.calibration, self.calibration_sha256).nbytes(self.layer, role)
+
     def _quantize(self, x: torch.Tensor, role: Role) -> KVQuantTensor:
         if self.calibration is None:
             return self.quantize_fixed(x, role, None)

@@ -59,12 +59,15 @@ class Calibration:
     def tables(self, layer: int, role: str) -> FixedTables:
         return self.layers[layer][role]
 
+    def nbytes(self, layer: int, role: str) -> int:
+        """What one layer's fixed tables of ``role`` hold (a cache counts them once)."""
+        return sum(
+            t.numel() * t.element_size() for t in _tensors(self.tables(layer, role)).values()
+        )
+
     def nbytes_per_layer(self) -> list[int]:
         """What each layer's fixed tables hold (counted once per layer, not per chunk)."""
-        return [
-            sum(t.numel() * t.element_size() for r in layer.values() for t in _tensors(r).values())
-            for layer in self.layers
-        ]
+        return [self.nbytes(i, "key") + self.nbytes(i, "value") for i in range(len(self.layers))]
 
 
 def _tensors(t: FixedTables) -> dict[str, torch.Tensor]:

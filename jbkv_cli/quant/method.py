@@ -136,6 +136,11 @@ class KVMethod:
         tables, a KVQuant calibration, binds them); itself for most methods."""
         return self
 
+    def table_nbytes(self, role: Role) -> int:
+        """Bytes of fixed tables a layer's cache holds once for ``role``, whatever it stores (a
+        KVQuant calibration's thresholds and codebook); 0 for most."""
+        return 0
+
     # --- shared -----------------------------------------------------------------------------
 
     def quantize(

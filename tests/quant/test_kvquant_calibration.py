@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jbkv_cli.kvcache import KVSpec
+from jbkv_cli.kvcache import ChunkKVCache, KVSpec
 from jbkv_cli.kvcache.spec import FULL_PRECISION, ExactPreRope
 from jbkv_cli.quant.kvquant import KVQuant, file_sha256
 from jbkv_cli.quant.kvquant_calibration import (
@@ -160,6 +160,17 @@ def test_calibrate_end_to_end_on_tiny(tmp_path):
     assert run_in_process(*args).returncode == 0  # its own file: rewritten
     spec = KVSpec.build("kvquant", 2, calibration=str(out))
     assert spec.at_layer(3).key.layer == 3
+    cache = ChunkKVCache(spec.at_layer(3))
+    cache.commit(_chunk(1, dim=64), _chunk(2, dim=64))
+    chunk = sum(p.nbytes for p in cache.chunks[0].sides.values())
+    assert cache.nbytes == chunk + cal.nbytes_per_layer()[3]  # the tables once per layer
+    cache.commit(_chunk(3, dim=64), _chunk(4, dim=64))
+    assert (
+        cache.nbytes
+        == chunk
+        + sum(p.nbytes for p in cache.chunks[1].sides.values())
+        + (cal.nbytes_per_layer()[3])
+    )
 
 
 def test_calibrate_refuses_bad_input_before_writing(tmp_path):
