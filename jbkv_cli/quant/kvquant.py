@@ -51,15 +51,25 @@ toward additive: with ``qnorm`` the tensor declares ``mixed`` noise, measured at
 
 Differences from the source (why "after KVQuant"):
 
-- **Calibration in-run, per chunk** (the fallback of issue 37 when no calibration artifact is
-  given; the artifact is not implemented yet). The source calibrates the keys' thresholds and
-  both codebooks offline (16 × 2048 tokens of wikitext2) and keeps them fixed; jbkv calibrates
-  every chunk on its own tokens as it is stored: the keys' per-channel thresholds and the
-  codebooks of keys and values (the source fits the values' codebook on per-channel normalised
-  calibration data and applies it per token; jbkv fits it on the per-token normalised values it
-  codes). A chunk's codes depend on that chunk only (causal), and its thresholds, codebook and
-  Q-Norm are stored with it and counted.
-- **Fixed outlier counts.** With thresholds from the chunk itself the outliers of a channel
+- **Calibration in-run, per chunk** (the default; issue 37's fallback when no calibration
+  artifact is given). The source calibrates the keys' thresholds and both codebooks offline
+  (16 × 2048 tokens of wikitext2) and keeps them fixed; jbkv calibrates every chunk on its own
+  tokens as it is stored: the keys' per-channel thresholds and the codebooks of keys and values
+  (the source fits the values' codebook on per-channel normalised calibration data and applies
+  it per token; jbkv fits it on the per-token normalised values it codes). A chunk's codes
+  depend on that chunk only (causal), and its thresholds, codebook and Q-Norm are stored with it
+  and counted.
+- **Or from an artifact** (``calibration``: a ``jbkv calibrate`` file,
+  :mod:`jbkv_cli.quant.kvquant_calibration`): the same fit, once per layer, on the keys (before
+  RoPE where the model's caches can) and values the 16-bit reference commits for a few prompts
+  and seeds; a cache's method is bound to its layer's tables (:meth:`KVQuant.at_layer`), which
+  are counted once per layer (:meth:`KVQuant.table_nbytes`), not per chunk. The noise model is
+  then the artifact's cell variances. With fixed thresholds the keys' outliers vary in number
+  per channel (:func:`split_keys_fixed`): stored are just those, with a count per channel
+  (the source's sparse matrix); the values' ranges stay per token. The file's SHA-256 is a
+  field (``calibration_sha256``: the variant record and id carry it; a changed file is
+  refused).
+- **Fixed outlier counts** (in-run calibration). With thresholds from the chunk itself the outliers of a channel
   (keys) or token (values) are exactly its top and bottom ``K`` entries when values are
   distinct, so the sparse list has a size known from the shape (no host read); tied values at
   a threshold, which the source's comparisons would all take, are split by position.
