@@ -394,7 +394,9 @@ class KVQuant(KVMethod):
     """``outliers``: the fraction kept exact as a sparse list (the source's ``1 −
     sparsity_threshold``; 0: none, min-max ranges); ``first_tokens``: each chunk's first tokens
     kept exact; ``qnorm``: Q-Norm; ``iters``: k-means rounds; ``layout``: keys cached before
-    RoPE (the source) or after (None: before, where the model's cache can, else after).
+    RoPE (the source) or after (None: before, where the model's cache can, else after);
+    ``calibration``: a ``jbkv calibrate`` file of fixed tables (None: per chunk), with its
+    ``calibration_sha256`` and the ``layer`` a cache binds (both set by jbkv).
     ``group_size`` is not used (steps per channel)."""
 
     name: ClassVar[str] = "kvquant"
@@ -451,7 +453,9 @@ class KVQuant(KVMethod):
         if self.calibration is not None:
             made = _calibration(self.calibration, self.calibration_sha256).meta.get("model")
             if str(made).partition(":")[0] != model.partition(":")[0]:
-                raise ValueError(
+                from jbkv_cli.quant.kvquant_calibration import CalibrationMismatch
+
+                raise CalibrationMismatch(
                     f"calibration {self.calibration} was made for model {made}, not {model}"
                 )
         return self

@@ -48,6 +48,11 @@ TABLES = ("codebook", "cell_var")
 THRESHOLDS = ("upper", "lower")
 
 
+class CalibrationMismatch(UsageError, ValueError):
+    """A calibration file made for another model, bit width, layout or layer count: a usage
+    error on the command line (one line, exit 2), a ``ValueError`` to library callers."""
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The fitted tables: ``layers[i]`` maps ``key``/``value`` to the layer's

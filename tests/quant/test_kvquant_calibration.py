@@ -193,3 +193,13 @@ def test_calibrate_refuses_bad_input_before_writing(tmp_path):
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert other.read_bytes() == b"not jbkv's"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.safetensors"]
+
+
+def test_a_run_with_a_mismatched_file_is_refused_in_one_line(tmp_path):
+    """``quantize-eval -M kvquant.calibration=FILE`` at other bits: one line, exit 2, no run."""
+    path = _file(tmp_path, bits=2)
+    args = ["quantize-eval", *SMALL, "--quantizers", "kvquant", "--bits", "4", "--no-lpips"]
+    done = run_in_process(*args, "-M", f"kvquant.calibration={path}", "--out", tmp_path / "run")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: calibration {path} was made for 2 bits, not 4"
+    assert not (tmp_path / "run").exists()
