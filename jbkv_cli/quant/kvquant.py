@@ -64,11 +64,13 @@ Differences from the source (why "after KVQuant"):
   RoPE where the model's caches can) and values the 16-bit reference commits for a few prompts
   and seeds; a cache's method is bound to its layer's tables (:meth:`KVQuant.at_layer`), which
   are counted once per layer (:meth:`KVQuant.table_nbytes`), not per chunk. The noise model is
-  then the artifact's cell variances. With fixed thresholds the keys' outliers vary in number
-  per channel (:func:`split_keys_fixed`): stored are just those, with a count per channel
-  (the source's sparse matrix); the values' ranges stay per token. The file's SHA-256 is a
-  field (``calibration_sha256``: the variant record and id carry it; a changed file is
-  refused).
+  then the artifact's cell variances. With fixed thresholds the entries beyond them vary in
+  number per channel; the source lists them all (a sparse matrix of data-dependent size), jbkv
+  keeps the in-run list size, the top and bottom ``K`` per channel (:func:`split_keys_fixed`:
+  no host read), and codes what lies beyond it clipped at the outer centroids (the source's
+  ``--cap_outliers`` clips the same way), with the coded cell's step. The values' ranges stay
+  per token. The file's SHA-256 is a field (``calibration_sha256``: the variant record and id
+  carry it; a changed file is refused).
 - **Fixed outlier counts** (in-run calibration). With thresholds from the chunk itself the outliers of a channel
   (keys) or token (values) are exactly its top and bottom ``K`` entries when values are
   distinct, so the sparse list has a size known from the shape (no host read); tied values at
@@ -169,16 +171,11 @@ class OutlierSplit:
     lower: torch.Tensor
     dim: int
     pooled: bool = False
-    real: torch.Tensor | None = None  # fixed thresholds: which listed entries are outliers
 
     def scatter(self, t: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``t [..., n, D]`` with the outliers' entries replaced by ``values`` (with ``real``,
-        the listed entries that are not outliers keep ``t``'s)."""
+        """``t [..., n, D]`` with the outliers' entries replaced by ``values``."""
         view = token_view(t) if self.pooled else t
-        index = self.index.long()
-        if self.real is not None:
-            values = torch.where(self.real, values.to(view.dtype), view.gather(self.dim, index))
-        out = view.scatter(self.dim, index, values.to(view.dtype))
+        out = view.scatter(self.dim, self.index.long(), values.to(view.dtype))
         return out.unflatten(-1, (t.shape[1], t.shape[3])).transpose(1, 2) if self.pooled else out
 
 
@@ -234,27 +231,23 @@ def split_values(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
 
 
 def split_keys_fixed(
-    y: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor, exact: torch.dtype
+    y: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor, f: float, exact: torch.dtype
 ) -> OutlierSplit:
     """Keys with fixed per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (a calibration
-    artifact's): the outliers are the entries strictly beyond them, whose count varies by
-    channel. Computed on the ``K_hi`` largest and ``K_lo`` smallest entries of every channel
-    (``K`` the most any channel of the chunk has beyond its threshold: one host read), of
-    which ``real`` marks the outliers; the others stay coded. Stored: the outliers only, with
-    per-channel counts (:meth:`KVQuantTensor.stored`)."""
+    artifact's) as their ranges. The sparse list keeps the in-run counts (the top and bottom
+    ``K`` of each channel, :func:`split_keys`): a size known from the shape, no host read. An
+    entry beyond the thresholds that the list cannot hold (a channel with more than ``K``) is
+    coded at the nearest centroid, clipped as the source's ``--cap_outliers`` clips; a listed
+    entry within them is kept exact all the same."""
     n = y.shape[-2]
+    if n == 0:
+        return split_keys(y, f, exact)
     heads, dim = upper.shape
     shape = (*(1,) * (y.ndim - 3), heads, 1, dim) if y.ndim >= 3 else (1, dim)
-    up = upper.to(y.device, TABLE_DTYPE).reshape(shape)
-    lo = lower.to(y.device, TABLE_DTYPE).reshape(shape)
-    order = y.float().sort(dim=-2).indices
-    hi = int((y.float() > up.float()).sum(-2).max()) if n else 0
-    low = min(int((y.float() < lo.float()).sum(-2).max()) if n else 0, n - hi)
-    pos = torch.cat([order[..., :low, :], order[..., n - hi :, :]], dim=-2)
-    picked = y.gather(-2, pos)
-    real = (picked.float() > up.float()) | (picked.float() < lo.float())
-    value = picked.to(exact)
-    return OutlierSplit(pos.to(_index_dtype(max(n, 1))), value, up, lo, -2, real=real)
+    split = split_keys(y, f, exact)
+    split.upper = upper.to(y.device, TABLE_DTYPE).reshape(shape)
+    split.lower = lower.to(y.device, TABLE_DTYPE).reshape(shape)
+    return split
 
 
 def normalise(y: torch.Tensor, split: OutlierSplit) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,16 +299,7 @@ class KVQuantTensor(QuantizedTensor):
             out |= {"upper": self.split.upper, "lower": self.split.lower}
         if not self.fixed:
             out |= {"codebook": self.codebook, "cell_var": self.cell_var}
-        split = self.split
-        if split.real is None:
-            out |= {"outlier_index": split.index, "outlier_value": split.value}
-        else:  # fixed thresholds: the outliers and each channel's count
-            counts = split.real.sum(-2).to(_index_dtype(self.coded_shape[-2] + 1))
-            out |= {
-                "outlier_count": counts,
-                "outlier_index": split.index[split.real],
-                "outlier_value": split.value[split.real],
-            }
+        out |= {"outlier_index": self.split.index, "outlier_value": self.split.value}
         return out if self.norm is None else {**out, "qnorm": self.norm}
 
     @property
@@ -517,7 +501,7 @@ class KVQuant(KVMethod):
         first, y = x[..., :f, :].to(exact), x[..., f:, :]
         rows, k = codebook_rows(x), 1 << self.bits
         if role == "key" and tables is not None:
-            split = split_keys_fixed(y, tables.upper, tables.lower, exact)
+            split = split_keys_fixed(y, tables.upper, tables.lower, self.outliers, exact)
         else:
             split = (split_keys if role == "key" else split_values)(y, self.outliers, exact)
         z, keep = normalise(y, split)

@@ -89,24 +89,26 @@ def test_a_calibrated_method_codes_with_the_files_tables(tmp_path, role):
         unbound.quantize(x, role)
 
 
-def test_fixed_thresholds_keep_exactly_the_entries_beyond_them(tmp_path):
-    """Keys with the file's thresholds: entries strictly beyond them are exact (step 0) and
-    listed, once each; every other entry is coded within its range (step > 0)."""
+def test_fixed_thresholds_range_the_codes_and_the_list_keeps_its_in_run_size(tmp_path):
+    """Keys with the file's thresholds: the ranges are the file's (not stored per chunk), the
+    sparse list is the in-run one (the top and bottom ``K`` of each channel, exact, step 0), and
+    every coded entry reads back within its range (one beyond it is clipped: ``--cap_outliers``)."""
     path = _file(tmp_path)
     tables = load_calibration(path).tables(0, "key")
     x = (_chunk(77, tokens=40) * 1.5).half()  # wider than the calibration data; FP16: exact
-    stored = KVQuant(bits=2).quantize_fixed(x, "key", tables)
-    up, lo = tables.upper.float()[None, :, None, :], tables.lower.float()[None, :, None, :]
-    beyond = (x.float() > up) | (x.float() < lo)
-    assert 0 < int(beyond.sum()) < x.numel()
-    assert torch.equal(stored.outlier_mask(), beyond)
-    assert torch.equal(stored.dequantize()[beyond], x[beyond])
-    assert bool((stored.step[beyond] == 0).all()) and bool((stored.step[~beyond] > 0).all())
-    kept = stored.stored()
-    assert kept["outlier_value"].numel() == int(beyond.sum())
-    assert torch.equal(kept["outlier_count"].long(), beyond.sum(-2))
-    inside = stored.dequantize()[~beyond].float()
-    assert bool((inside <= up.expand_as(x)[~beyond] + 1e-3).all())
+    fixed = KVQuant(bits=2).quantize_fixed(x, "key", tables)
+    in_run = KVQuant(bits=2).quantize(x, "key")
+    up, lo = tables.upper[None, :, None, :], tables.lower[None, :, None, :]
+    assert torch.equal(fixed.split.upper, up) and torch.equal(fixed.split.lower, lo)
+    assert torch.equal(fixed.split.index, in_run.split.index)
+    listed = fixed.outlier_mask()
+    assert int(listed.sum()) == 2 * 8 * 2  # K = 1 + 1 per channel of 40 tokens at 1%, 2 heads
+    assert torch.equal(fixed.dequantize()[listed], x[listed])
+    assert bool((fixed.step[listed] == 0).all()) and bool((fixed.step[~listed] > 0).all())
+    out = fixed.dequantize().float()
+    assert bool(((out <= up.float()) & (out >= lo.float()))[~listed].all())  # codes in range
+    assert {"upper", "lower", "codebook", "cell_var"}.isdisjoint(fixed.stored())
+    assert fixed.nbytes < in_run.nbytes
 
 
 def test_mismatched_bits_model_or_changed_file_are_refused_in_one_line(tmp_path):
