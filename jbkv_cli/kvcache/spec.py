@@ -97,9 +97,11 @@ class KVSpec:
             raise ValueError("a per-layer spec stores keys and values with one method")
 
     def at_layer(self, layer: int) -> KVSpec:
-        """The plain spec of attention layer ``layer``: itself unless ``layers`` is set (then
-        the template methods at that layer's widths, the correction where its keys are
-        quantized; ``ValueError`` when the spec names no width for ``layer``)."""
+        """The plain spec of attention layer ``layer``: its methods bound to the layer
+        (:meth:`~jbkv_cli.quant.method.KVMethod.at_layer`: a KVQuant calibration's tables;
+        itself when none binds anything), and when ``layers`` is set the template methods at
+        that layer's widths, the correction where its keys are quantized (``ValueError`` when
+        the spec names no width for ``layer``)."""
         if self.layers is None:
             key, value = (None if m is None else m.at_layer(layer) for m in (self.key, self.value))
             if (key, value) == (self.key, self.value):
