@@ -47,7 +47,11 @@ FALLBACK_FORM = "taylor"  # an uncorrected read without the method's own model (
 
 class AttentionObserver(Protocol):
     """What a cache calls: ``observe`` every ``every``-th attention call of a layer, with the
-    full-precision keys and values of the cached tokens in ``cached.k_ref``/``v_ref``."""
+    full-precision keys and values of the cached tokens in ``cached.k_ref``/``v_ref``; and, if
+    the observer has it, ``committed(layer, k, v)`` at every commit with the chunk's keys and
+    values as the cache stores them (keys before RoPE in a pre-RoPE cache; ``layer`` None for a
+    cache outside a model's layer stack), e.g.
+    :class:`~jbkv_cli.quant.kvquant_calibration.CommitCollector`."""
 
     every: int
 

@@ -127,6 +127,7 @@ def _root(
 
 def _register_commands() -> None:
     from jbkv_cli.cli.commands import (
+        calibrate,
         convert,
         demo,
         experiment,
@@ -147,6 +148,7 @@ def _register_commands() -> None:
     llm.register(app)
     demo.register(app)
     plan.register(app)
+    calibrate.register(app)
 
 
 _register_commands()

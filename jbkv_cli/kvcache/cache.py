@@ -289,6 +289,9 @@ class ChunkKVCache:
                 chunk.waiting.add("bias")
         if self.observer is not None:
             chunk.ref = (k.detach().clone(), v.detach().clone())
+            committed = getattr(self.observer, "committed", None)
+            if committed is not None:  # keys as stored: before RoPE when position is kept
+                committed(self.layer, k, v)
         self.chunks.append(chunk)
         self.committed += 1
         self._reads = 0
@@ -425,8 +428,12 @@ class ChunkKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by the stored chunks (codes, steps, zero points or exact values; each
-        held span once, whole), and by the pruner's state when pruning."""
+        held span once, whole), by the methods' fixed tables of this layer once (a KVQuant
+        calibration's, :meth:`~jbkv_cli.quant.method.KVMethod.table_nbytes`) while a chunk is
+        held, and by the pruner's state when pruning."""
         held = sum(c.nbytes for c in self.chunks) + sum(s.nbytes for s in self._spans())
+        if self.chunks and self.spec.quantized:
+            held += sum(m.table_nbytes(r) for r in ROLES if (m := self._method(r)) is not None)
         if self.pruning is not None:
             held += sum(self.pruning.nbytes_by_kind().values())
         return held

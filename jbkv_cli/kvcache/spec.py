@@ -97,15 +97,20 @@ class KVSpec:
             raise ValueError("a per-layer spec stores keys and values with one method")
 
     def at_layer(self, layer: int) -> KVSpec:
-        """The plain spec of attention layer ``layer``: itself unless ``layers`` is set (then
-        the template methods at that layer's widths, the correction where its keys are
-        quantized; ``ValueError`` when the spec names no width for ``layer``)."""
+        """The plain spec of attention layer ``layer``: its methods bound to the layer
+        (:meth:`~jbkv_cli.quant.method.KVMethod.at_layer`: a KVQuant calibration's tables;
+        itself when none binds anything), and when ``layers`` is set the template methods at
+        that layer's widths, the correction where its keys are quantized (``ValueError`` when
+        the spec names no width for ``layer``)."""
         if self.layers is None:
-            return self
+            key, value = (None if m is None else m.at_layer(layer) for m in (self.key, self.value))
+            if (key, value) == (self.key, self.value):
+                return self
+            return replace(self, key=key, value=value)
         pair = self.layers.at(layer)
         template = self.key or self.value
-        key = None if pair.key == 16 else _at_bits(template, pair.key)
-        value = None if pair.value == 16 else _at_bits(template, pair.value)
+        key = None if pair.key == 16 else _at_bits(template, pair.key).at_layer(layer)
+        value = None if pair.value == 16 else _at_bits(template, pair.value).at_layer(layer)
         correction = self.correction if key is not None else "none"
         return replace(self, key=key, value=value, correction=correction, layers=None)
 
@@ -436,3 +441,14 @@ def _pruner(data: dict[str, Any] | None) -> KVPruner | None:
 
 
 FULL_PRECISION = KVSpec()
+
+
+@dataclass(frozen=True)
+class ExactPreRope(KVSpec):
+    """The 16-bit reference with its keys cached before RoPE and rotated on read (on a model
+    whose caches can): the same attention as :data:`FULL_PRECISION` up to float rounding, its
+    commits the pre-RoPE keys a pre-RoPE method stores (``jbkv calibrate`` observes them)."""
+
+    @property
+    def key_layout(self) -> str:
+        return "pre-rope"

@@ -51,15 +51,27 @@ toward additive: with ``qnorm`` the tensor declares ``mixed`` noise, measured at
 
 Differences from the source (why "after KVQuant"):
 
-- **Calibration in-run, per chunk** (the fallback of issue 37 when no calibration artifact is
-  given; the artifact is not implemented yet). The source calibrates the keys' thresholds and
-  both codebooks offline (16 × 2048 tokens of wikitext2) and keeps them fixed; jbkv calibrates
-  every chunk on its own tokens as it is stored: the keys' per-channel thresholds and the
-  codebooks of keys and values (the source fits the values' codebook on per-channel normalised
-  calibration data and applies it per token; jbkv fits it on the per-token normalised values it
-  codes). A chunk's codes depend on that chunk only (causal), and its thresholds, codebook and
-  Q-Norm are stored with it and counted.
-- **Fixed outlier counts.** With thresholds from the chunk itself the outliers of a channel
+- **Calibration in-run, per chunk** (the default; issue 37's fallback when no calibration
+  artifact is given). The source calibrates the keys' thresholds and both codebooks offline
+  (16 × 2048 tokens of wikitext2) and keeps them fixed; jbkv calibrates every chunk on its own
+  tokens as it is stored: the keys' per-channel thresholds and the codebooks of keys and values
+  (the source fits the values' codebook on per-channel normalised calibration data and applies
+  it per token; jbkv fits it on the per-token normalised values it codes). A chunk's codes
+  depend on that chunk only (causal), and its thresholds, codebook and Q-Norm are stored with it
+  and counted.
+- **Or from an artifact** (``calibration``: a ``jbkv calibrate`` file,
+  :mod:`jbkv_cli.quant.kvquant_calibration`): the same fit, once per layer, on the keys (before
+  RoPE where the model's caches can) and values the 16-bit reference commits for a few prompts
+  and seeds; a cache's method is bound to its layer's tables (:meth:`KVQuant.at_layer`), which
+  are counted once per layer (:meth:`KVQuant.table_nbytes`), not per chunk. The noise model is
+  then the artifact's cell variances. With fixed thresholds the entries beyond them vary in
+  number per channel; the source lists them all (a sparse matrix of data-dependent size), jbkv
+  keeps the in-run list size, the top and bottom ``K`` per channel (:func:`split_keys_fixed`:
+  no host read), and codes what lies beyond it clipped at the outer centroids (the source's
+  ``--cap_outliers`` clips the same way), with the coded cell's step. The values' ranges stay
+  per token. The file's SHA-256 is a field (``calibration_sha256``: the variant record and id
+  carry it; a changed file is refused).
+- **Fixed outlier counts** (in-run calibration). With thresholds from the chunk itself the outliers of a channel
   (keys) or token (values) are exactly its top and bottom ``K`` entries when values are
   distinct, so the sparse list has a size known from the shape (no host read); tied values at
   a threshold, which the source's comparisons would all take, are split by position.
@@ -77,8 +89,10 @@ Differences from the source (why "after KVQuant"):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -99,12 +113,33 @@ from jbkv_cli.quant.nuq import (
 from jbkv_cli.quant.tensor import CENTROID, MIXED, QuantizedTensor
 from jbkv_cli.utils.fields import option
 
+if TYPE_CHECKING:
+    from jbkv_cli.quant.kvquant_calibration import Calibration
+
 LAYOUTS = ("pre-rope", "post-rope")
 KVQUANT_BITS = (2, 3, 4)
 MAX_FIRST_TOKENS = 2**20
+MAX_LAYERS = 4096
 DEFAULT_OUTLIERS = 0.01
 DEFAULT_ITERS = 50  # the source's KMeans(max_iter=50)
 TABLE_DTYPE = torch.float16  # thresholds, codebook, cell variances, Q-Norm
+
+
+def file_sha256(path: str) -> str:
+    """The SHA-256 of a file (hex), read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _calibration(path: str, sha256: str | None) -> Calibration:
+    """A calibration file, read once per (path, digest) (:mod:`~jbkv_cli.quant.kvquant_calibration`)."""
+    from jbkv_cli.quant.kvquant_calibration import load_calibration
+
+    return load_calibration(path)
 
 
 def threshold(f: float) -> float:
@@ -195,6 +230,49 @@ def split_values(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
     return OutlierSplit(pos.to(_index_dtype(d)), value, top, bottom, -1, pooled)
 
 
+def split_keys_fixed(
+    y: torch.Tensor, upper: torch.Tensor, lower: torch.Tensor, f: float, exact: torch.dtype
+) -> OutlierSplit:
+    """Keys with fixed per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (a calibration
+    artifact's) as their ranges. The sparse list keeps the in-run counts (the top and bottom
+    ``K`` of each channel, :func:`split_keys`): a size known from the shape, no host read. An
+    entry beyond the thresholds that the list cannot hold (a channel with more than ``K``) is
+    coded at the nearest centroid, clipped as the source's ``--cap_outliers`` clips; a listed
+    entry within them is kept exact all the same."""
+    n = y.shape[-2]
+    if n == 0:
+        return split_keys(y, f, exact)
+    heads, dim = upper.shape
+    shape = (*(1,) * (y.ndim - 3), heads, 1, dim) if y.ndim >= 3 else (1, dim)
+    split = split_keys(y, f, exact)
+    split.upper = upper.to(y.device, TABLE_DTYPE).reshape(shape)
+    split.lower = lower.to(y.device, TABLE_DTYPE).reshape(shape)
+    return split
+
+
+def normalise(y: torch.Tensor, split: OutlierSplit) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z = (y − o)/r`` (module docstring; 0 where ``r = 0``) and the weight of each entry
+    in the codebook's fit, 0 at outliers: ``[..., n, D]`` float32 each."""
+    upper, lower = split.upper.float(), split.lower.float()
+    half = (upper - lower) / 2
+    z = torch.where(half > 0, (y.float() - (upper + lower) / 2) / half.clamp_min(1e-30), 0.0)
+    z = z.expand(y.shape) if z.shape != y.shape else z
+    keep = split.scatter(torch.ones_like(z), torch.zeros_like(split.value, dtype=z.dtype))
+    return z, keep
+
+
+@dataclass(frozen=True)
+class FixedTables:
+    """One layer's and role's calibrated tables: ``codebook``, ``cell_var`` ``[2^b]`` and, for
+    keys, per-channel thresholds ``upper``, ``lower`` ``[H, D]`` (None for values, whose ranges
+    are per token, online)."""
+
+    codebook: torch.Tensor
+    cell_var: torch.Tensor
+    upper: torch.Tensor | None = None
+    lower: torch.Tensor | None = None
+
+
 @dataclass
 class KVQuantTensor(QuantizedTensor):
     """What KVQuant stores for one chunk (module docstring): ``first`` tokens exact, then the
@@ -210,18 +288,18 @@ class KVQuantTensor(QuantizedTensor):
     shape: torch.Size
     dtype: torch.dtype
     bits: int
+    fixed: bool = False  # the tables came from a calibration artifact (not stored per chunk)
 
     def stored(self) -> dict[str, torch.Tensor]:
-        out = {
-            "first": self.first,
-            "codes": self.codes,
-            "upper": self.split.upper,
-            "lower": self.split.lower,
-            "codebook": self.codebook,
-            "cell_var": self.cell_var,
-            "outlier_index": self.split.index,
-            "outlier_value": self.split.value,
-        }
+        """Per-chunk storage; with ``fixed`` tables the codebook, cell variances and the keys'
+        thresholds belong to the artifact (counted once per layer there), the values' per-token
+        ranges stay per chunk."""
+        out = {"first": self.first, "codes": self.codes}
+        if not (self.fixed and self.split.dim == -2):  # keys' fixed thresholds: the artifact's
+            out |= {"upper": self.split.upper, "lower": self.split.lower}
+        if not self.fixed:
+            out |= {"codebook": self.codebook, "cell_var": self.cell_var}
+        out |= {"outlier_index": self.split.index, "outlier_value": self.split.value}
         return out if self.norm is None else {**out, "qnorm": self.norm}
 
     @property
@@ -300,7 +378,9 @@ class KVQuant(KVMethod):
     """``outliers``: the fraction kept exact as a sparse list (the source's ``1 −
     sparsity_threshold``; 0: none, min-max ranges); ``first_tokens``: each chunk's first tokens
     kept exact; ``qnorm``: Q-Norm; ``iters``: k-means rounds; ``layout``: keys cached before
-    RoPE (the source) or after (None: before, where the model's cache can, else after).
+    RoPE (the source) or after (None: before, where the model's cache can, else after);
+    ``calibration``: a ``jbkv calibrate`` file of fixed tables (None: per chunk), with its
+    ``calibration_sha256`` and the ``layer`` a cache binds (both set by jbkv).
     ``group_size`` is not used (steps per channel)."""
 
     name: ClassVar[str] = "kvquant"
@@ -319,6 +399,61 @@ class KVQuant(KVMethod):
     layout: str | None = option(
         None, "str", choices=LAYOUTS, optional=True, note="keys; none: pre-rope where the cache can"
     )
+    calibration: str | None = option(
+        None, "str", optional=True, note="a jbkv calibrate file; none: per chunk"
+    )
+    calibration_sha256: str | None = option(None, "str", optional=True, cli=False)
+    layer: int | None = option(None, "int", lo=0, hi=MAX_LAYERS, optional=True, cli=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.calibration is None:
+            if self.calibration_sha256 is not None or self.layer is not None:
+                raise ValueError("kvquant.calibration_sha256 and layer go with a calibration")
+            return
+        digest = file_sha256(self.calibration)
+        if self.calibration_sha256 not in (None, digest):
+            raise ValueError(
+                f"calibration {self.calibration} changed: sha256 {digest[:12]}…, recorded "
+                f"{self.calibration_sha256[:12]}…"
+            )
+        object.__setattr__(self, "calibration_sha256", digest)
+        cal = _calibration(self.calibration, digest)
+        made = cal.meta.get("bits")
+        if made != str(self.bits):
+            raise ValueError(
+                f"calibration {self.calibration} was made for {made} bits, not {self.bits}"
+            )
+        layout = cal.meta.get("layout")
+        if self.layout is not None and layout != self.layout:
+            raise ValueError(
+                f"calibration {self.calibration} holds {layout} keys, not {self.layout}"
+            )
+
+    def for_model(
+        self, model: str, chunk_tokens: int | None = None, *, pruned: bool = False
+    ) -> KVQuant:
+        """Itself, once a calibration file is checked to be ``model``'s (``ValueError``)."""
+        if self.calibration is not None:
+            made = _calibration(self.calibration, self.calibration_sha256).meta.get("model")
+            if str(made).partition(":")[0] != model.partition(":")[0]:
+                from jbkv_cli.quant.kvquant_calibration import CalibrationMismatch
+
+                raise CalibrationMismatch(
+                    f"calibration {self.calibration} was made for model {made}, not {model}"
+                )
+        return self
+
+    def at_layer(self, layer: int) -> KVQuant:
+        """Bound to ``layer``'s tables when calibrated by a file (itself otherwise)."""
+        if self.calibration is None:
+            return self
+        cal = _calibration(self.calibration, self.calibration_sha256)
+        if layer >= len(cal.layers):
+            raise ValueError(
+                f"calibration {self.calibration} has {len(cal.layers)} layers, no layer {layer}"
+            )
+        return replace(self, layer=layer)
 
     def check(self, head_dim: int) -> None:
         per_byte = 8 if self.bits == 3 else 8 // self.bits
@@ -337,24 +472,51 @@ class KVQuant(KVMethod):
             return replace(self, layout="post-rope")
         return self if self.layout == "post-rope" else None
 
+    def table_nbytes(self, role: Role) -> int:
+        """The calibration's tables of this layer and ``role``, counted once per layer."""
+        if self.calibration is None or self.layer is None:
+            return 0
+        return _calibration(self.calibration, self.calibration_sha256).nbytes(self.layer, role)
+
     def _quantize(self, x: torch.Tensor, role: Role) -> KVQuantTensor:
+        if self.calibration is None:
+            return self.quantize_fixed(x, role, None)
+        if self.layer is None:
+            raise ValueError(
+                f"{self.label}: a calibrated method is bound to a layer first (at_layer): this "
+                "cache is not one of a model's layer stack"
+            )
+        cal = _calibration(self.calibration, self.calibration_sha256)
+        return self.quantize_fixed(x, role, cal.tables(self.layer, role))
+
+    def quantize_fixed(
+        self, x: torch.Tensor, role: Role, tables: FixedTables | None
+    ) -> KVQuantTensor:
+        """Store ``x``: calibrated on the chunk itself (``tables`` None, the default), or with
+        a calibration artifact's fixed ``tables`` (keys' thresholds, the role's codebook and
+        cell variances; :mod:`jbkv_cli.quant.kvquant_calibration`), which are then not stored
+        with the chunk."""
         exact = exact_dtype(x.dtype)
         f = min(self.first_tokens, x.shape[-2])
         first, y = x[..., :f, :].to(exact), x[..., f:, :]
         rows, k = codebook_rows(x), 1 << self.bits
-        split = (split_keys if role == "key" else split_values)(y, self.outliers, exact)
-        upper, lower = split.upper.float(), split.lower.float()
-        half = (upper - lower) / 2
-        z = torch.where(half > 0, (y.float() - (upper + lower) / 2) / half.clamp_min(1e-30), 0.0)
-        keep = split.scatter(torch.ones_like(z), torch.zeros_like(split.value, dtype=z.dtype))
-        zr, wr = z.reshape(rows, -1), keep.reshape(rows, -1)
-        if zr.shape[-1] == 0:  # every token exact: nothing to fit
-            book = torch.zeros(rows, k, device=x.device)
+        if role == "key" and tables is not None:
+            split = split_keys_fixed(y, tables.upper, tables.lower, self.outliers, exact)
         else:
-            book = fit_codebook(zr, wr, k, self.iters)
-        book = book.to(TABLE_DTYPE)
+            split = (split_keys if role == "key" else split_values)(y, self.outliers, exact)
+        z, keep = normalise(y, split)
+        zr, wr = z.reshape(rows, -1), keep.reshape(rows, -1)
+        if tables is not None:
+            book = tables.codebook.to(x.device, TABLE_DTYPE).reshape(1, k).expand(rows, k)
+        elif zr.shape[-1] == 0:  # every token exact: nothing to fit
+            book = torch.zeros(rows, k, device=x.device).to(TABLE_DTYPE)
+        else:
+            book = fit_codebook(zr, wr, k, self.iters).to(TABLE_DTYPE)
         codes = encode(zr, book) if zr.shape[-1] else zr.to(torch.uint8)
-        var = cell_variance(zr, wr, book) if zr.shape[-1] else book.float()
+        if tables is not None:
+            var = tables.cell_var.to(x.device, TABLE_DTYPE).reshape(1, k).expand(rows, k)
+        else:
+            var = cell_variance(zr, wr, book) if zr.shape[-1] else book.float()
         norm = None
         if self.qnorm:
             recon = book.float().gather(-1, codes.long())
@@ -362,7 +524,7 @@ class KVQuant(KVMethod):
             norm = torch.cat([s, o], dim=-1).to(TABLE_DTYPE)
         return KVQuantTensor(
             first, pack_codes(codes.reshape(y.shape), self.bits), split, book,
-            var.to(TABLE_DTYPE), norm, x.shape, x.dtype, self.bits,
+            var.to(TABLE_DTYPE), norm, x.shape, x.dtype, self.bits, tables is not None,
         )  # fmt: skip
 
     def extra_id(self) -> list[str]:
@@ -372,4 +534,5 @@ class KVQuant(KVMethod):
         parts += [f"first{self.first_tokens}"] if self.first_tokens else []
         parts += ["qnorm"] if self.qnorm else []
         parts += [f"it{self.iters}"] if self.iters != DEFAULT_ITERS else []
+        parts += [f"cal{self.calibration_sha256[:8]}"] if self.calibration_sha256 else []
         return parts + ([self.layout.replace("-", "")] if self.layout is not None else [])

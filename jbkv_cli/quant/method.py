@@ -131,6 +131,16 @@ class KVMethod:
         itself for most methods."""
         return self
 
+    def at_layer(self, layer: int) -> KVMethod:
+        """This method as attention layer ``layer``'s cache runs it (a method with per-layer
+        tables, a KVQuant calibration, binds them); itself for most methods."""
+        return self
+
+    def table_nbytes(self, role: Role) -> int:
+        """Bytes of fixed tables a layer's cache holds once for ``role``, whatever it stores (a
+        KVQuant calibration's thresholds and codebook); 0 for most."""
+        return 0
+
     # --- shared -----------------------------------------------------------------------------
 
     def quantize(
