@@ -205,3 +205,18 @@ def test_a_run_with_a_mismatched_file_is_refused_in_one_line(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"error: calibration {path} was made for 2 bits, not 4"
     assert not (tmp_path / "run").exists()
+
+
+def test_matrix_games_action_caches_refuse_a_calibration(tmp_path):
+    """Its action caches would read the video layers' tables: refused unless not quantized."""
+    from jbkv_cli.models import registry
+    from jbkv_cli.utils.errors import UsageError
+    from tests.models.test_contract import TINY
+
+    spec = KVSpec.build("kvquant", 2, calibration=str(_file(tmp_path, model="matrix-game-2")))
+    settings = TINY["matrix-game-2"].settings
+    model = registry.load_model("matrix-game-2", **settings)
+    with pytest.raises(UsageError, match=r"set -o quantize_actions=false\)$"):
+        model.resolve_kv(spec)
+    model = registry.load_model("matrix-game-2", **settings, quantize_actions=False)
+    assert model.resolve_kv(spec).key.calibration == spec.key.calibration

@@ -179,6 +179,12 @@ class MatrixGame2(VideoModelBase):
         return HeadLayout(layers=d.layers, kv_heads=d.heads, frame_tokens=self.frame_tokens)
 
     def resolve_kv(self, kv: KVSpec) -> KVSpec:
+        bound = [m for m in (kv.key, kv.value) if m is not None and m.at_layer(0) != m]
+        if self.config.quantize_actions and bound:
+            raise UsageError(
+                f"{bound[0].label}: its tables are per video layer (a calibration file); the "
+                "action caches cannot take them (set -o quantize_actions=false)"
+            )
         tokens = self.frame_tokens * self.config.commit_frames
         return kv.for_model(f"{self.name}:{self.config.config}", tokens)
 
