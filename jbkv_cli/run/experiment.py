@@ -36,7 +36,7 @@ from jbkv_cli.run.pruned_base import KIND as PRUNED16
 from jbkv_cli.run.pruned_base import pruned_baselines
 from jbkv_cli.run.shards import merge_shards, save_scores
 from jbkv_cli.utils import distributed
-from jbkv_cli.utils.console import visible
+from jbkv_cli.utils.console import visible, warn
 from jbkv_cli.utils.errors import JbkvError
 from jbkv_cli.utils.host_reads import deferred_checks
 from jbkv_cli.utils.progress import Progress, counting_progress
@@ -61,11 +61,14 @@ def build_matrix(
     variant each, with a method that supports every width it names; no ablations). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
     {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
-    quantized combination (not the ablations). ``group_sizes`` None: each method at its
+    quantized combination (not the ablations); a method a pruner cannot take (its spec refuses
+    the pair: e.g. keys cached before RoPE) is left out of that pruner's variants, named in one
+    warning. ``group_sizes`` None: each method at its
     source's (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`).
     """
     options = options or {}
     chosen = [None if p == "none" else build_pruner(p, **options.get(p, {})) for p in pruners]
+    unprunable: dict[tuple[str, str], str] = {}  # (method, pruner) -> why, left out
     specs = [FULL_PRECISION, *(KVSpec(pruner=p) for p in chosen if p is not None)]
     for q in quantizers:
         for g in group_sizes or [METHODS[q].default_group_size()]:
@@ -81,11 +84,23 @@ def build_matrix(
                     for c in corrections:
                         if kb == 16 and get_correction(c).active:
                             continue  # a correction reads quantized keys
-                        specs.append(KVSpec.build(q, kb, g, c, pruner=p, value_bits=vb, **kw))
+                        args = (q, kb, g, c)
+                        if p is None:
+                            specs.append(KVSpec.build(*args, value_bits=vb, **kw))
+                            continue
+                        KVSpec.build(*args, value_bits=vb, **kw)  # its own errors are the user's
+                        try:
+                            specs.append(KVSpec.build(*args, pruner=p, value_bits=vb, **kw))
+                        except ValueError as exc:  # a method the pruner cannot take
+                            unprunable.setdefault((q, p.name), str(exc))
                 if kb != vb:
                     continue  # the ablations are of a plain width
                 for a in ablations:
                     specs.append(KVSpec.build(q, kb, g, "none", **ABLATIONS[a], **kw))
+    if unprunable:
+        (method, pruner), why = next(iter(unprunable.items()))
+        pairs = ", ".join(f"{m}+{p}" for m, p in unprunable)
+        warn(f"left out of the sweep: {pairs} (e.g. {method} pruned by {pruner}: {why})")
     return list(dict.fromkeys(specs))
 
 

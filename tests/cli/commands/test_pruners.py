@@ -245,6 +245,30 @@ def test_methods_that_cannot_drop_tokens_are_left_out_of_pruned_sweeps(capsys):
     assert "2 pruned variant(s) are left out" in err and "int2-kivi-g32-forcingkv" in err
 
 
+def test_pre_rope_methods_are_left_out_of_pruned_sweeps_in_one_warning(capsys):
+    """KVQuant caches keys before RoPE, which no pruned cache takes: its pruned variants are
+    left out, named once; its unpruned ones stay, and a bad method option is still an error."""
+    from jbkv_cli.run.experiment import build_matrix
+
+    pruners = ["none", "flowcache"]
+    specs = build_matrix([2], ["rtn", "kvquant"], ["none", "taylor"], [32], pruners=pruners)
+    ids = {s.variant_id for s in specs}
+    assert {"int2-kvquant-g32", "int2-kvquant-g32-taylor", "int2-rtn-g32-flowcache"} <= ids
+    assert not [i for i in ids if "kvquant" in i and "flowcache" in i]
+    err = capsys.readouterr().err
+    assert err.count("left out of the sweep: kvquant+flowcache (e.g.") == 1, err
+    assert "pre-RoPE key layout" in err
+    with pytest.raises(ValueError, match="kvquant"):
+        build_matrix(
+            [2],
+            ["kvquant"],
+            ["none"],
+            [32],
+            options={"kvquant": {"iters": 0}},
+            pruners=["flowcache"],
+        )
+
+
 def test_usage_errors_exit_2_with_one_line_and_create_nothing(tmp_path):
     """In this process (``run_in_process``), the first case also through the installed ``jbkv``,
     which must answer the same."""
