@@ -290,6 +290,11 @@ class TinyDiT(nn.Module):
         self.ada_out = nn.Linear(w, 2 * w)
         self.patch_out = nn.Linear(w, cfg.patch_dim)
         self.scale = cfg.head_dim**-0.5
+
+    @property
+    def head_layout(self) -> HeadLayout:
+        """The config's layout, one layer per block held (``jbkv plan`` may hold fewer)."""
+        return {**self.cfg.head_layout, "layers": len(self.blocks)}
         self._init_weights()
 
     def _init_weights(self) -> None:
