@@ -11,9 +11,10 @@ modules: Matrix-Game-2.0's blocks with an ActionModule are one run, those withou
 last and at least one between (a run of fewer than three blocks is kept whole, and then the plan
 is not shortened: :func:`shortening`). While the shortened model runs, the tracker's
 ``region`` names where the forward is: ``None`` outside the stack, else ``(run, "first")``,
-``(run, "mid", k)`` (the k-th middle block, from 1) or ``(run, "last")``, from the block's
-forward pre-hook until the next block's (what runs between two blocks belongs to the one
-before), back to ``None`` after the last block of the stack returns.
+``(run, "mid", k)`` (the k-th middle block, from 1) or ``(run, "last")``, from the first call of
+the block or of a module inside it until the next block's (what runs between two blocks
+belongs to the one before), back to ``None`` after the last block of the stack returns when it
+is called as a module (else the last block's region lasts until the next pass).
 """
 
 from __future__ import annotations
@@ -89,14 +90,17 @@ def region_of(runs: Sequence[Run], index: int) -> tuple:
 
 
 class RegionHooks:
-    """Forward hooks on every block that keep ``tracker.region`` (module docstring)."""
+    """Forward hooks that keep ``tracker.region`` (module docstring): a pre-hook on every block
+    and on every module inside it, since a model may run a block's parts without calling the
+    block (Self-Forcing's upstream forward)."""
 
     def __init__(self, blocks: torch.nn.ModuleList, runs: Sequence[Run], tracker: Any) -> None:
         self.handles = []
         last = len(blocks) - 1
         for i, block in enumerate(blocks):
-            region = region_of(runs, i)
-            self.handles.append(block.register_forward_pre_hook(_enter(tracker, region)))
+            enter = _enter(tracker, region_of(runs, i))
+            for module in block.modules():
+                self.handles.append(module.register_forward_pre_hook(enter))
             if i == last:
                 self.handles.append(block.register_forward_hook(_leave(tracker)))
 

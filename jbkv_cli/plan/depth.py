@@ -159,6 +159,8 @@ def extrapolate_periods(
     a: Sequence[tuple], b: Sequence[tuple], t: int, mids: dict[int, int]
 ) -> list[tuple[str, Peak]]:
     """Every period's peak at the real depth from the two traces' slices of one generation."""
+    if not any(_is_mid(m[0]) for m in a if len(m) == 3):
+        raise NotExact("no middle block ran")
     pa, pb = periods_of(a), periods_of(b)
     if [name for name, _ in pa] != [name for name, _ in pb]:
         raise NotExact("the traces close different periods")

@@ -264,8 +264,9 @@ def _run(
                 _extrapolated(x, y, a.removed, a.mids)
                 for x, y in zip(a.generations, b.generations, strict=True)
             ]
-        except NotExact:
-            pass  # the traces do not match: trace the real depth
+        except NotExact as exc:  # the traces do not match: trace the real depth
+            if progress is not None:
+                progress(f"{name} · tracing every block: {exc}")
         else:
             return _Run(a.settings, a.components, _variants(generations))
     full = _trace(name, options, specs, case, seed, progress, 0)

@@ -181,5 +181,6 @@ def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
     fast = plan_model(model, options, SPECS, case, budgets=BUDGETS, progress=lines.append)
     full = plan_model(model, options, SPECS, case, budgets=BUDGETS, full_depth=True)
     assert any("· 3 blocks" in line for line in lines)  # it was shortened
+    assert not [line for line in lines if "tracing every block" in line]  # and extrapolated
     assert _document(fast) == _document(full)
     assert all(v.growth is not None for v in fast.variants)
