@@ -139,12 +139,6 @@ def _six_layers(model: str, monkeypatch, tmp_path) -> dict:
         path = tmp_path / "six.safetensors"
         save_weights(TinyDiT(TinyConfig(depth=6)), path, {})
         return {"weights": str(path), "num_chunks": 3}
-    if model == "magi1":
-        import jbkv_cli.models.magi1 as magi1
-
-        six = replace(magi1.TINY_VARIANT, dit=replace(magi1.TINY_VARIANT.dit, num_layers=6))
-        monkeypatch.setattr(magi1, "TINY_VARIANT", six)
-        return {"config": "tiny-random", "num_chunks": 3}
     if model == "hy-worldplay":
         import jbkv_cli.models.hy_worldplay as hy
 
@@ -166,7 +160,7 @@ def _document(plan) -> dict:
 
 @pytest.mark.slow  # each model planned three times over (docs/testing.md)
 @pytest.mark.parametrize(
-    "model", ["tiny", "self-forcing", "rolling-forcing", "skyreels-v2", "magi1", "hy-worldplay"]
+    "model", ["tiny", "self-forcing", "rolling-forcing", "skyreels-v2", "hy-worldplay"]
 )
 def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
     from jbkv_cli.plan.job import default_case
