@@ -290,12 +290,12 @@ class TinyDiT(nn.Module):
         self.ada_out = nn.Linear(w, 2 * w)
         self.patch_out = nn.Linear(w, cfg.patch_dim)
         self.scale = cfg.head_dim**-0.5
+        self._init_weights()
 
     @property
     def head_layout(self) -> HeadLayout:
         """The config's layout, one layer per block held (``jbkv plan`` may hold fewer)."""
         return {**self.cfg.head_layout, "layers": len(self.blocks)}
-        self._init_weights()
 
     def _init_weights(self) -> None:
         for m in self.modules():
