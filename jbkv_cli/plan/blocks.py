@@ -14,16 +14,22 @@ is not shortened: :func:`shortening`). While the shortened model runs, the track
 ``(run, "mid", k)`` (the k-th middle block, from 1) or ``(run, "last")``, from the first call of
 the block or of a module inside it until the next block's (what runs between two blocks
 belongs to the one before), back to ``None`` after the last block of the stack returns when it
-is called as a module (else the last block's region lasts until the next pass).
+is called as a module (else the last block's region lasts until the next pass). A layer's cache
+committed outside every block (the embedded model commits each layer's chunk after the pass)
+runs in its layer's region while it commits (:func:`commit_regions`), so that per-layer work
+repeats with the middle blocks as the work inside them does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from jbkv_cli.kvcache import ChunkKVCache
 
 MIN_KEPT = 3  # first, one middle, last
 
@@ -121,3 +127,28 @@ def _leave(tracker: Any):
         tracker.region = None
 
     return hook
+
+
+@contextlib.contextmanager
+def commit_regions(runs: Sequence[Run], tracker: Any) -> Iterator[None]:
+    """While open, a :class:`~jbkv_cli.kvcache.ChunkKVCache` of layer ``i`` (its ``layer``)
+    that commits outside every block (``tracker.region`` None) does so in block ``i``'s region,
+    then the region is None again; a commit inside a block keeps that block's region."""
+    original = ChunkKVCache.commit
+    depth = sum(run.length for run in runs)
+
+    def commit(self: ChunkKVCache, *args: Any, **kwargs: Any) -> None:
+        layer = getattr(self, "layer", None)
+        if tracker.region is not None or not isinstance(layer, int) or not 0 <= layer < depth:
+            return original(self, *args, **kwargs)
+        tracker.region = region_of(runs, layer)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker.region = None
+
+    ChunkKVCache.commit = commit
+    try:
+        yield
+    finally:
+        ChunkKVCache.commit = original

@@ -23,6 +23,7 @@ records, ``KV stored`` — is computed from the two traces, exact by constructio
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.cases import Case
 from jbkv_cli.models.contract import check_layers, resolve_spec
 from jbkv_cli.models.registry import entry
-from jbkv_cli.plan.blocks import RegionHooks, block_runs, shorten, shortening
+from jbkv_cli.plan.blocks import RegionHooks, block_runs, commit_regions, shorten, shortening
 from jbkv_cli.plan.budget import Budget, Growth, fits
 from jbkv_cli.plan.depth import NotExact, extrapolate_max, extrapolate_periods, line
 from jbkv_cli.plan.device import (
@@ -288,7 +289,7 @@ def _trace(
     model_entry = entry(name)
     build = model_entry.plan_model
     assert build is not None
-    with PlanDevice() as device, quiet_warnings():
+    with PlanDevice() as device, quiet_warnings(), contextlib.ExitStack() as scope:
         model = build(**options)
         sizes, mids = None, {}
         if removed:
@@ -301,6 +302,7 @@ def _trace(
             kept = shorten(blocks, runs, removed)
             gc.collect()  # the removed blocks' weights are gone before the tracker counts
             RegionHooks(blocks, kept, device.tracker)
+            scope.enter_context(commit_regions(kept, device.tracker))
             mids = {i: run.length - 2 for i, run in enumerate(runs)}
         sizes = sizes or device.adopt_weights(model)
         if mids:
