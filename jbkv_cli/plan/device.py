@@ -357,7 +357,8 @@ def _placed(
             if param is not None:
                 if id(param) not in done:
                     convert(param)
-                    done[id(param)] = torch.nn.Parameter(done[id(param)], param.requires_grad)
+                    with _disable_current_modes():  # its detach: no moment in the trace
+                        done[id(param)] = torch.nn.Parameter(done[id(param)], param.requires_grad)
                 sub._parameters[key] = done[id(param)]
         for key, buffer in sub._buffers.items():
             if buffer is not None:
