@@ -21,8 +21,8 @@ moments, and on a tie the earliest, as the tracker keeps it (:mod:`jbkv_cli.plan
 This is exact *by construction* when the traces match (:class:`NotExact` otherwise: the same
 periods, moments per region and middle blocks per pass) and the blocks of a run do the same
 work: the same shapes, the same caches, nothing that depends on the layer's index. A pruner's
-per-layer plan breaks that (each layer keeps its own heads): such variants are traced at the
-real depth (:mod:`jbkv_cli.plan.run`). The stored-cache samples after each commit pass and the
+per-layer plan breaks that (each layer keeps its own heads), as does a per-layer ``--bits``
+spec (each layer its widths): such variants are traced at the real depth (:mod:`jbkv_cli.plan.run`). The stored-cache samples after each commit pass and the
 caches' bytes at each pass are lines too, taken moment for moment the same way.
 """
 

@@ -15,7 +15,7 @@ at one chunk more (one less when the model refuses more) and every variant runs 
 two peaks give the longest video that fits (:mod:`jbkv_cli.plan.budget`).
 
 Each build is traced with few blocks where the model names its block stack (``plan_blocks``)
-and no variant prunes: twice, with one middle block per run of identical blocks and with two,
+and no variant prunes or takes per-layer widths: twice, with one middle block per run of identical blocks and with two,
 and every number of the real depth — each period's peak and its split, the cache a run
 records, ``KV stored`` — is computed from the two traces, exact by construction
 (:mod:`jbkv_cli.plan.depth`; the traces are checked to match, else every block is traced).

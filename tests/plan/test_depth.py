@@ -133,7 +133,7 @@ BUDGETS = [Budget("tight", GiB + 2**20), Budget("8GiB", 8 * GiB)]
 
 def _six_layers(model: str, monkeypatch, tmp_path) -> dict:
     """Options of a reduced config of ``model`` with six blocks (patched in for the test), two
-    chunks and one denoising step."""
+    chunks and the fewest denoising steps."""
     if model == "tiny":
         from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
         from jbkv_cli.models.tiny.weights_io import save_weights
@@ -142,6 +142,12 @@ def _six_layers(model: str, monkeypatch, tmp_path) -> dict:
         path = tmp_path / "six.safetensors"
         save_weights(TinyDiT(TinyConfig(depth=6)), path, {})
         return {"weights": str(path), "num_chunks": 2, "steps": 1}
+    if model == "magi1":
+        import jbkv_cli.models.magi1 as magi1
+
+        six = replace(magi1.TINY_VARIANT, dit=replace(magi1.TINY_VARIANT.dit, num_layers=6))
+        monkeypatch.setattr(magi1, "TINY_VARIANT", six)
+        return {"config": "tiny-random", "num_chunks": 2, "steps": 2}  # one per stage
     if model == "hy-worldplay":
         import jbkv_cli.models.hy_worldplay as hy
 
@@ -163,7 +169,7 @@ def _document(plan) -> dict:
 
 @pytest.mark.slow  # each model planned three times over (docs/testing.md)
 @pytest.mark.parametrize(
-    "model", ["tiny", "self-forcing", "rolling-forcing", "skyreels-v2", "hy-worldplay"]
+    "model", ["tiny", "self-forcing", "rolling-forcing", "skyreels-v2", "magi1", "hy-worldplay"]
 )
 def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
     from jbkv_cli.plan.job import default_case
@@ -182,3 +188,19 @@ def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
     assert not [line for line in lines if "tracing every block" in line]  # and extrapolated
     assert _document(fast) == _document(full)
     assert all(v.growth is not None for v in fast.variants) == bool(budgets)
+
+
+def test_a_per_layer_spec_is_traced_at_the_real_depth(monkeypatch, tmp_path):
+    """Its layers differ (here layers 3-5 beyond a shortened stack): every block is traced."""
+    from jbkv_cli.plan.job import default_case
+    from jbkv_cli.plan.run import plan_model
+    from jbkv_cli.run.bit_specs import parse_bit_spec
+
+    options = _six_layers("tiny", monkeypatch, tmp_path)
+    spec = KVSpec.build("rtn", layers=parse_bit_spec("K2V2@0-2+K4V4@3-"))
+    lines: list[str] = []
+    plan = plan_model(
+        "tiny", options, [spec], lambda o: default_case("tiny", tmp_path, o), progress=lines.append
+    )
+    assert lines and not [line for line in lines if "blocks" in line]
+    assert plan.variants[0].kv_cache_bytes > 0
