@@ -443,6 +443,18 @@ def _other_lengths(options: dict[str, Any], settings: dict[str, Any]) -> list[di
     return [base | {"num_chunks": other} for other in (n + 1, n - 1) if other >= 1]
 
 
+def _setup(plan: VariantPlan) -> int:
+    """The peak of the setup phase (0: none)."""
+    return max((split.total for name, split in plan.phases if name == SETUP), default=0)
+
+
+def _growing(plan: VariantPlan) -> int:
+    """The peak of every phase but setup (the whole peak where there is no other phase)."""
+    return max(
+        (split.total for name, split in plan.phases if name != SETUP), default=plan.peak.total
+    )
+
+
 def _with_budgets(
     first: VariantPlan,
     second: VariantPlan | None,
@@ -454,9 +466,15 @@ def _with_budgets(
     growth, longest = None, {}
     n1, n2 = _chunks(settings), _chunks(other or {})
     if second is not None and n1 is not None and n2 is not None and n1 != n2:
-        (a, pa), (b, pb) = sorted([(n1, first.peak.total), (n2, second.peak.total)])
+        # the growth of the phases a longer video makes longer (every one but setup: its
+        # encoders' peak does not depend on the length, and where it is the peak at both
+        # lengths the whole peak's slope would be 0 and claim any length fits); setup must fit
+        (a, pa), (b, pb) = sorted([(n1, _growing(first)), (n2, _growing(second))])
         growth = Growth(a, pa, b, pb)
-        longest = {budget.name: growth.longest(budget) for budget in budgets}
+        setup = _setup(first)
+        longest = {
+            budget.name: growth.longest(budget) if fits(setup, budget) else 0 for budget in budgets
+        }
     return VariantPlan(
         first.label,
         first.variant_id,
