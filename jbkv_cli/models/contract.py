@@ -247,6 +247,10 @@ class ModelEntry:
     - ``plan_options``: options ``jbkv plan`` builds the model with unless the user sets them,
       ones that leave every byte of the plan where it is and make it faster (the fewest
       denoising steps: every step runs forwards of the same shapes; tested per model).
+    - ``plan_blocks(model)``: the adapter's stack of transformer blocks (a ``ModuleList``), which
+      ``jbkv plan`` traces with few middle blocks and extrapolates to the real depth
+      (:mod:`jbkv_cli.plan.depth`); the model must count its layers as ``len`` of this list
+      (its caches, its pruner's layout). Default None: the plan traces every block.
 
     Commands call the checks for every prompt and case before anything is created.
     """
@@ -259,3 +263,4 @@ class ModelEntry:
     plan_model: LoadModel | None = None
     sample_case: SampleCase | None = None
     plan_options: Mapping[str, Any] = field(default_factory=dict)
+    plan_blocks: Callable[[Any], Any] | None = None

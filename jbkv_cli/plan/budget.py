@@ -7,8 +7,9 @@ predicted peak plus :data:`RESERVE` (the CUDA context and what the caching alloc
 beyond the tensors: its block rounding and fragmentation, which the plan does not see) is at
 most the budget.
 
-The **longest video** comes from the peaks at two lengths, ``n₁ < n₂`` chunks: the peak grows
-linearly with the chunks past the window's fill, ``peak(n) = P₁ + (n − n₁)·(P₂ − P₁)/(n₂ − n₁)``,
+The **longest video** comes from the peaks at two lengths, ``n₁ < n₂`` chunks (of the phases
+that grow with the video: every one but setup, :func:`jbkv_cli.plan.run._with_budgets`): the peak
+grows linearly with the chunks past the window's fill, ``peak(n) = P₁ + (n − n₁)·(P₂ − P₁)/(n₂ − n₁)``,
 and the longest is the largest ``n`` with ``peak(n) + RESERVE ≤ budget`` (``n ≤``
 :data:`~jbkv_cli.models.limits.MAX_CHUNKS`; a peak that does not grow fits any length up to
 that). A model whose window is still filling at ``n₁`` makes the slope steeper than it stays:

@@ -31,8 +31,8 @@ close a period of the tracker when they are built (``setup``: text and image enc
 after every chunk (``chunk N``); the first call of the ``vae`` component after the loop starts
 ``decode`` (:meth:`begin` with ``loop_only`` stops the generation there, :class:`LoopDone`), and
 :meth:`finish` closes it. After each commit pass the bytes under ``cache`` are sampled
-(``cache_samples``) and the books' peak kept (``recorded``: what a run records as
-``kv_cache_bytes``).
+(``cache_samples``), with what the books' caches hold (``passes``), and the books' peak kept
+(``recorded``: what a run records as ``kv_cache_bytes``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch
 from jbkv_cli.kvcache import ChunkKVCache
 from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.plan.sdpa import gpu_kernels
-from jbkv_cli.plan.tracker import MemoryTracker
+from jbkv_cli.plan.tracker import UNTRACKED, MemoryTracker
 from jbkv_cli.utils.fake_cuda import FakeCuda
 
 CACHE = "cache"
@@ -147,6 +147,17 @@ def _collect(obj: Any, found: list, seen: set[int], depth: int) -> None:
                 _collect(value, found, seen, depth + 1)
 
 
+def weight_bytes(parts: dict[str, torch.nn.Module]) -> dict[str, int]:
+    """Each component's parameter and buffer bytes (each storage once), by name."""
+    sizes = {}
+    for name, module in parts.items():
+        storages = {
+            t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in _tensors(module)
+        }
+        sizes[name] = sum(storages.values())
+    return sizes
+
+
 def _tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
@@ -159,6 +170,7 @@ class PlanDevice:
         self.tracker = PlanTracker()
         self.owner: dict[int, str] = {}  # module id -> its component's name
         self.cache_samples: list[int] = []
+        self.passes: list[int] = []  # what the books' caches hold after each commit pass
         self.seconds: list[float] = []  # per closed period, as ``tracker.periods``
         self._since = time.perf_counter()
         self.loop_only = False
@@ -195,19 +207,15 @@ class PlanDevice:
         ``weights:NAME`` and start the peak here; returns each component's bytes in all (on the
         device or not), by name."""
         parts = components(model)
-        sizes = {}
         for name, module in parts.items():
             for sub in module.modules():
                 self.owner[id(sub)] = name
-            tensors = _tensors(module)
-            self.tracker.adopt(tensors, WEIGHTS + name)
+            self.tracker.adopt(_tensors(module), WEIGHTS + name)
             if name == DECODER:
                 for sub in module.modules():
                     sub.register_forward_pre_hook(self._decoder_called)
-            storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
-            sizes[name] = sum(storages.values())
         self.tracker.reset_peak()
-        return sizes
+        return weight_bytes(parts)
 
     def _module_to(self, original: Callable) -> Callable:
         def to(module: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
@@ -216,9 +224,12 @@ class PlanDevice:
                 device = torch.device("meta")  # an offload: never onto the host (docstring)
                 args, kwargs = (device,), {"dtype": dtype, "non_blocking": non_blocking}
             name = self.owner.get(id(module))
-            if name is None:
-                return original(module, *args, **kwargs)
-            with self.tracker.label(WEIGHTS + name):
+            label = self.tracker.current if name is None else WEIGHTS + name
+            if device is not None and device.type not in UNTRACKED and _on_meta(module):
+                placed = _placed(module, device, dtype, self.cuda.fake)
+                self.tracker.adopt(placed, label)
+                return module
+            with self.tracker.label(label):
                 return original(module, *args, **kwargs)
 
         return to
@@ -258,6 +269,7 @@ class PlanDevice:
             original(books)
             self.tracker.relabel(held_tensors(books.caches), CACHE)
             self.cache_samples.append(self.tracker.live.get(CACHE, 0))
+            self.passes.append(sum(c.nbytes for part in books.parts.values() for c in part))
             self.recorded = max(self.recorded, books.peak.total)
 
         return committed
@@ -307,6 +319,51 @@ def _replacing_apply(original: Callable) -> Callable:
         return module
 
     return apply
+
+
+def _on_meta(module: torch.nn.Module) -> bool:
+    tensors = _tensors(module)
+    return bool(tensors) and all(t.device.type == "meta" for t in tensors)
+
+
+def _placed(
+    module: torch.nn.Module, device: torch.device, dtype: torch.dtype | None, fake: Any
+) -> list[torch.Tensor]:
+    """``module.to(device, dtype)`` for a module on ``meta``, each tensor made a fake device
+    tensor of the same shape and strides directly (no operation dispatched: thousands of
+    parameters move in milliseconds); returns the new tensors, each once (tied ones stay
+    tied). What :meth:`Module.to` converts is converted: floating point tensors to ``dtype``."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if device.index is None:
+        device = torch.device(device.type, 0)
+    done: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in done:
+            kind = (
+                dtype
+                if dtype is not None and (t.is_floating_point() or t.is_complex())
+                else t.dtype
+            )
+            with _disable_current_modes():
+                elem = torch.empty_strided(t.shape, t.stride(), dtype=kind, device="meta")
+            done[id(t)] = FakeTensor(fake, elem, device)
+        return done[id(t)]
+
+    for sub in module.modules():
+        for key, param in sub._parameters.items():
+            if param is not None:
+                if id(param) not in done:
+                    convert(param)
+                    with _disable_current_modes():  # its detach: no moment in the trace
+                        done[id(param)] = torch.nn.Parameter(done[id(param)], param.requires_grad)
+                sub._parameters[key] = done[id(param)]
+        for key, buffer in sub._buffers.items():
+            if buffer is not None:
+                sub._buffers[key] = convert(buffer)
+    return list(done.values())
 
 
 def _off_host(module: torch.nn.Module) -> bool:

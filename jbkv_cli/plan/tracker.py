@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 OTHER = "activations"  # bytes allocated under no label
+MARK, RESET = "mark", "reset"  # the trace's entries that are not moments
 UNTRACKED = ("cpu", "meta")  # device types whose storages are not device memory
 
 
@@ -68,6 +69,8 @@ class MemoryTracker(TorchDispatchMode):
         self.periods: list[tuple[str, Peak]] = []
         self._labels: list[str] = []
         self._seen: dict[int, tuple[str, int]] = {}  # storage key -> (label, bytes)
+        self.region: Any = None  # where the forward is (jbkv_cli.plan.blocks), kept in trace
+        self.trace: list[tuple] | None = None  # when a list: every moment and mark, in order
 
     # -- labels -------------------------------------------------------------------------------
 
@@ -119,12 +122,18 @@ class MemoryTracker(TorchDispatchMode):
         else:
             self.periods.append((name, done))
         self.period = Peak(self.total, dict(self.live))
+        if self.trace is not None:
+            self.trace.append((MARK, name))
+            self._moment()
         return done
 
     def reset_peak(self) -> None:
         """Forget the peaks so far: from now, the peak starts at what is live."""
         self.peak = Peak(self.total, dict(self.live))
         self.period = Peak(self.total, dict(self.live))
+        if self.trace is not None:
+            self.trace.append((RESET,))
+            self._moment()
 
     # -- counting -----------------------------------------------------------------------------
 
@@ -164,7 +173,12 @@ class MemoryTracker(TorchDispatchMode):
         if found is not None:
             self._add(found[0], -found[1])
 
+    def _moment(self) -> None:
+        self.trace.append((self.region, self.total, {k: v for k, v in self.live.items() if v}))
+
     def _sample(self) -> None:
+        if self.trace is not None:
+            self._moment()
         if self.total > self.peak.total:
             self.peak = Peak(self.total, {k: v for k, v in self.live.items() if v})
         if self.total > self.period.total:

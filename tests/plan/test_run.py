@@ -69,3 +69,20 @@ def test_the_peak_does_not_depend_on_the_steps():
     specs = [KVSpec.build("rtn", 2, correction="taylor")]
     plans = [plan_model("tiny", {"num_chunks": 2, "steps": s}, specs, Case(PROMPT)) for s in (1, 4)]
     assert plans[0].variants[0].peak == plans[1].variants[0].peak
+
+
+def test_the_longest_video_grows_with_the_loop_not_with_setup():
+    """MAGI-1's shape: setup (its encoders) is the peak at both lengths while the loop grows:
+    the longest video follows the loop's growth, and is 0 where setup itself does not fit."""
+    from jbkv_cli.plan.run import Split, VariantPlan, _with_budgets
+
+    def plan(loop: int) -> VariantPlan:
+        setup, chunk = Split(18 * GiB, {}, 0, 0, 0), Split(loop, {}, 0, 0, 0)
+        return VariantPlan("v", "v", setup, [("setup", setup), ("chunk 0", chunk)], 0, 0, 0.0)
+
+    budgets = [Budget("24", 24 * GiB), Budget("18", 18 * GiB)]
+    out = _with_budgets(
+        plan(10 * GiB), plan(12 * GiB), {"num_chunks": 4}, {"num_chunks": 5}, budgets
+    )
+    assert out.growth.per_chunk == 2 * GiB
+    assert out.longest == {"24": 4 + (23 - 10) // 2, "18": 0}

@@ -262,5 +262,6 @@ ENTRY = ModelEntry(
     input_paths=input_paths,
     check_cases=check_cases,
     plan_model=plan_model,
+    plan_blocks=lambda model: model.dit.double_blocks,
     sample_case=sample_case,
 )

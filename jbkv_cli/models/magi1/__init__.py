@@ -264,4 +264,5 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     plan_model=plan_model,
+    plan_blocks=lambda model: model.dit.videodit_blocks.layers,
 )

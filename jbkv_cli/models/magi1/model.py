@@ -117,7 +117,7 @@ class Magi1VideoModel(VideoModelBase):
         dit, sched = self.variant.dit, self.variant.schedule
         patch = sched.spatial_downsample_factor * dit.patch_size
         return HeadLayout(
-            layers=dit.num_layers,
+            layers=len(self.dit.videodit_blocks.layers),
             kv_heads=dit.num_query_groups,
             frame_tokens=(self.gen.height // patch) * (self.gen.width // patch),
         )

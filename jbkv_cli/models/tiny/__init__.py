@@ -106,7 +106,7 @@ class TinyVideoModel(VideoModelBase):
 
     def head_layout(self) -> HeadLayout:
         """What a pruner needs: layers, KV heads and tokens per frame."""
-        return self.model.cfg.head_layout
+        return self.model.head_layout
 
     @property
     def chunk_tokens(self) -> int:
@@ -175,6 +175,7 @@ ENTRY = ModelEntry(
     check_prompt=check_prompt,
     plan_model=plan_model,
     plan_options={"steps": 1},
+    plan_blocks=lambda model: model.model.blocks,
 )
 
 __all__ = ["ENTRY", "TinyVideoModel", "check_options", "check_prompt", "input_paths", "load_model"]

@@ -292,6 +292,11 @@ class TinyDiT(nn.Module):
         self.scale = cfg.head_dim**-0.5
         self._init_weights()
 
+    @property
+    def head_layout(self) -> HeadLayout:
+        """The config's layout, one layer per block held (``jbkv plan`` may hold fewer)."""
+        return {**self.cfg.head_layout, "layers": len(self.blocks)}
+
     def _init_weights(self) -> None:
         for m in self.modules():
             if isinstance(m, nn.Linear):

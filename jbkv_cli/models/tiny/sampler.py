@@ -84,7 +84,7 @@ def sample(
         kv,
         settings.window,
         model="tiny",
-        heads=cfg.head_layout,
+        heads=model.head_layout,
         chunks=settings.num_chunks,
         observer=observer,
         rope=rope,

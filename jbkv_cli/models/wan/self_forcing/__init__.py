@@ -18,6 +18,7 @@ ENTRY = ModelEntry(
     input_paths=input_paths,
     check_cases=check_cases,
     plan_model=plan_model,
+    plan_blocks=lambda model: model.components.transformer.blocks,
 )
 
 __all__ = ["ENTRY", "SelfForcing", "check_cases", "check_options", "input_paths", "load_model"]

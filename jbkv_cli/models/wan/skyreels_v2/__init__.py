@@ -14,6 +14,7 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     plan_model=plan_model,
+    plan_blocks=lambda model: model.components.transformer.blocks,
 )
 
 __all__ = ["ENTRY", "SkyReelsV2", "check_options", "input_paths", "load_model", "plan_model"]
