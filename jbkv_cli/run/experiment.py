@@ -63,12 +63,13 @@ def build_matrix(
     out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
     quantized combination (not the ablations); a method a pruner cannot take (its spec refuses
     the pair: e.g. keys cached before RoPE) is left out of that pruner's variants, named in one
-    warning. ``group_sizes`` None: each method at its
+    warning (``ValueError`` where that leaves the method no variant at all). ``group_sizes`` None: each method at its
     source's (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`).
     """
     options = options or {}
     chosen = [None if p == "none" else build_pruner(p, **options.get(p, {})) for p in pruners]
     unprunable: dict[tuple[str, str], str] = {}  # (method, pruner) -> why, left out
+    built: set[str] = set()  # the methods with a variant
     specs = [FULL_PRECISION, *(KVSpec(pruner=p) for p in chosen if p is not None)]
     for q in quantizers:
         for g in group_sizes or [METHODS[q].default_group_size()]:
@@ -87,16 +88,21 @@ def build_matrix(
                         args = (q, kb, g, c)
                         if p is None:
                             specs.append(KVSpec.build(*args, value_bits=vb, **kw))
+                            built.add(q)
                             continue
                         KVSpec.build(*args, value_bits=vb, **kw)  # its own errors are the user's
                         try:
                             specs.append(KVSpec.build(*args, pruner=p, value_bits=vb, **kw))
+                            built.add(q)
                         except ValueError as exc:  # a method the pruner cannot take
                             unprunable.setdefault((q, p.name), str(exc))
                 if kb != vb:
                     continue  # the ablations are of a plain width
                 for a in ablations:
                     specs.append(KVSpec.build(q, kb, g, "none", **ABLATIONS[a], **kw))
+    for (method, _), why in unprunable.items():
+        if method not in built:  # nothing of it would run: the user's choice cannot be met
+            raise ValueError(why)
     if unprunable:
         (method, pruner), why = next(iter(unprunable.items()))
         pairs = ", ".join(f"{m}+{p}" for m, p in unprunable)

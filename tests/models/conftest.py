@@ -52,8 +52,11 @@ def plain_cache():
 def plain_layer_caches():
     """A stand-in for :func:`jbkv_cli.kvcache.layer_caches` that builds :class:`PlainCache`s."""
 
-    def build(spec, window, *, model, layers, kv_heads, frame_tokens, observer=None, rope=None):
+    def build(
+        spec, window, *, model, layers, kv_heads, frame_tokens, observer=None, rope=None, phase=None
+    ):
         assert rope is None, "PlainCache holds post-RoPE keys"
+        assert phase is None or spec.pruner is None, "PlainCache re-phases no sink"
         return [PlainCache(spec, window) for _ in range(layers)]
 
     return build
