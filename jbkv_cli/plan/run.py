@@ -15,10 +15,11 @@ at one chunk more (one less when the model refuses more) and every variant runs 
 two peaks give the longest video that fits (:mod:`jbkv_cli.plan.budget`).
 
 Each build is traced with few blocks where the model names its block stack (``plan_blocks``)
-and no variant prunes or takes per-layer widths: twice, with one middle block per run of identical blocks and with two,
-and every number of the real depth — each period's peak and its split, the cache a run
-records, ``KV stored`` — is computed from the two traces, exact by construction
-(:mod:`jbkv_cli.plan.depth`; the traces are checked to match, else every block is traced).
+and every variant builds its layers alike (no per-layer widths; no pruner, or one whose layers
+decide alike, ``layers_alike``: FlowCache, Deep Forcing): twice, with one middle block per run
+of identical blocks and with two, and every number of the real depth — each period's peak and
+its split, the cache a run records, ``KV stored`` — is computed from the two traces, exact by
+construction (:mod:`jbkv_cli.plan.depth`; the traces are checked to match, else every block is traced).
 """
 
 from __future__ import annotations
@@ -250,12 +251,11 @@ def _run(
 ) -> _Run:
     """Every variant's plan at ``options``: from two shortened traces extrapolated to the real
     depth (:mod:`jbkv_cli.plan.depth`) where the model names its blocks and every variant treats
-    its layers alike (a pruner's or a per-layer spec's cache differs per layer), else from one
-    trace at the real depth."""
+    its layers alike (:func:`_layers_alike`), else from one trace at the real depth."""
     if not isinstance(case, Case):
         case = case(options)
     shortened = entry(name).plan_blocks is not None and not full_depth
-    if shortened and all(s.pruner is None and s.layers is None for s in specs):
+    if shortened and all(_layers_alike(s) for s in specs):
         a = _trace(name, options, specs, case, seed, progress, SHORTEST)
         if not a.removed:
             return _Run(a.settings, a.components, _variants(a.generations))
@@ -272,6 +272,12 @@ def _run(
             return _Run(a.settings, a.components, _variants(generations))
     full = _trace(name, options, specs, case, seed, progress, 0)
     return _Run(full.settings, full.components, _variants(full.generations))
+
+
+def _layers_alike(spec: KVSpec) -> bool:
+    """Every layer of ``spec``'s cache is built alike: no per-layer widths, no pruner or one
+    whose layers decide alike (``layers_alike``: a profile's or a shared decision's do not)."""
+    return spec.layers is None and (spec.pruner is None or spec.pruner.layers_alike)
 
 
 def _trace(

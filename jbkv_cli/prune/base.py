@@ -156,6 +156,10 @@ class KVPruner:
     """The pruner bounds the cache itself and keeps, and re-phases, its own sink (Deep
     Forcing): its caches get no window and the model's RoPE table, the model no sink chunks,
     and its keys cannot be stored in a rotated basis."""
+    layers_alike: ClassVar[bool] = False
+    """Every layer's state is built and decides by the same rule from its own tensors (no
+    per-layer profile, nothing shared between layers), so the plan may trace a few blocks and
+    extrapolate to the real depth (:mod:`jbkv_cli.plan.run`)."""
 
     def __post_init__(self) -> None:
         check_fields(self, self.name)

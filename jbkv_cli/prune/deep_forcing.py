@@ -341,6 +341,7 @@ class DeepForcing(KVPruner):
         "10-frame sink, the newest 4 frames and the top tokens by Σ recent queries · k, 16 frames"
     )
     owns_buffer: ClassVar[bool] = True
+    layers_alike: ClassVar[bool] = True
 
     buffer_frames: int = option(BUFFER_FRAMES, "int", lo=1, hi=MAX_FRAMES)
     sink_frames: int = option(SINK_FRAMES, "int", lo=0, hi=MAX_FRAMES)

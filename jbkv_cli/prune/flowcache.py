@@ -357,6 +357,7 @@ class FlowCache(KVPruner):
         "commit by 0.07 · pooled attention of recent queries − 0.93 · key redundancy"
     )
     corrected: ClassVar[bool] = False
+    layers_alike: ClassVar[bool] = True
 
     preset: str | None = option(None, "str", choices=tuple(PRESETS), optional=True)
     clean_chunks: int | None = option(None, "int", lo=1, hi=MAX_CHUNKS, optional=True)

@@ -3,7 +3,8 @@ toy blocks, and on every model that names its blocks at a reduced config of six 
 variant, every period; on the embedded model 16-bit and QuaRot + signed (its signs shared by
 every layer), budgets and the longest video (a second length, its window full); on the others
 the fewest steps and RTN + taylor: every step runs the same forward, and the variant commits
-through the quantized path)."""
+through the quantized path; on Self-Forcing with Deep Forcing and on SkyReels-V2 with FlowCache,
+whose layers decide alike, over three chunks, the third deciding)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from jbkv_cli.plan.blocks import RegionHooks, block_runs, region_of, shorten, sh
 from jbkv_cli.plan.budget import Budget, GiB
 from jbkv_cli.plan.depth import NotExact, extrapolate_periods
 from jbkv_cli.plan.device import PlanDevice, PlanTracker
+from jbkv_cli.prune.registry import build_pruner
 
 
 class Toy(torch.nn.Module):
@@ -130,6 +132,13 @@ SPECS = [
     KVSpec.build("quarot", 4, correction="signed"),
 ]
 BUDGETS = [Budget("tight", GiB + 2**20), Budget("8GiB", 8 * GiB)]
+PRUNED = {  # pruners whose layers decide alike (``layers_alike``), sized to decide at chunk 3
+    "self-forcing": (
+        "deep-forcing",
+        {"buffer_frames": 6, "sink_frames": 1, "capacity_frames": 4, "recent_frames": 3},
+    ),  # its tiny chunks: 3 frames
+    "skyreels-v2": ("flowcache", {"clean_chunks": 1}),
+}
 
 
 def _six_layers(model: str, monkeypatch, tmp_path) -> dict:
@@ -178,6 +187,9 @@ def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
 
     options = _six_layers(model, monkeypatch, tmp_path)
     specs, budgets = ([SPECS[0], SPECS[2]], BUDGETS) if model == "tiny" else ([SPECS[1]], [])
+    if model in PRUNED:  # a pruner whose layers decide alike, deciding at chunk 3
+        options["num_chunks"] = 3
+        specs = [replace(SPECS[1], pruner=build_pruner(PRUNED[model][0], **PRUNED[model][1]))]
     lines: list[str] = []
 
     def case(opts: dict) -> Case:
