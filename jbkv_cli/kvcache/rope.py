@@ -29,7 +29,11 @@ import torch
 from jbkv_cli.attention.rope import PAIRS, KeyRotation, pair_table, rotate_pairs
 
 Table = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
-MEMO = 256  # positions whose tables are kept
+MEMO = 32
+"""Positions whose tables are kept (least recently used dropped): more than one read uses (a
+Wan window of 21 frame-wise chunks and a sink), few enough that a long rollout's re-placed sinks
+(a new position every step) do not pile up tables on the device; a table dropped and needed
+again is recomputed, the same values."""
 
 
 @dataclass

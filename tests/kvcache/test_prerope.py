@@ -129,3 +129,24 @@ def test_tiny_model_chunk_loop_is_the_same_with_either_layout():
                 model.forward_chunk(tokens[i], t, words, i, caches, commit=True, pre_rope=pre)
             outs[pre] = model.forward_chunk(tokens[0], torch.ones(1), words, 3, caches)
     assert torch.equal(outs[False], outs[True])
+
+
+def test_the_table_memo_keeps_the_latest_positions_and_recomputes_the_same():
+    from jbkv_cli.kvcache.rope import MEMO, KeyRope
+
+    built: list[int] = []
+
+    def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        built.append(position)
+        angles = torch.arange(6.0).repeat(3, 1) * (position + 1)
+        return angles.cos(), angles.sin()
+
+    rope = KeyRope("half", table)
+    first = rope.tables(0)
+    for position in range(1, MEMO + 5):  # a sink re-placed at a new position every step
+        rope.tables(position)
+    assert len(rope._memo) == MEMO and built == list(range(MEMO + 5))
+    rope.tables(MEMO + 4)  # the newest: kept
+    assert len(built) == MEMO + 5
+    again = rope.tables(0)  # dropped: built again, the same values
+    assert built[-1] == 0 and all(torch.equal(a, b) for a, b in zip(first, again, strict=True))

@@ -306,7 +306,7 @@ def test_a_method_with_a_rotated_basis_is_refused_and_the_cache_needs_the_table(
 
 def test_self_forcing_refusals_and_its_table_re_phasing_in_time():
     from jbkv_cli.models import registry
-    from jbkv_cli.models.wan.rope import wan_key_rope
+    from jbkv_cli.models.wan.rope import wan_key_rope, wan_phase_rope
 
     model = registry.load_model("self-forcing", config="tiny-random", sink=1, window=2)
     with pytest.raises(UsageError, match="keeps its own sink"):
@@ -325,6 +325,14 @@ def test_self_forcing_refusals_and_its_table_re_phasing_in_time():
     torch.testing.assert_close(
         rotate_pairs(at_4, *shift, "interleaved"), rotate_pairs(pre, *table(9), "interleaved")
     )
+    # the cache's phase table: that row alone (one token per frame), each memoized table its
+    # own [F, D] storage, not the (Δ + F)-frame table it was cut from
+    phase = wan_phase_rope(model.components.transformer, torch.empty(model.chunk_shape))
+    frames = model.chunk_shape[2]
+    for cos, full in zip(phase.tables(5), table(5), strict=True):
+        assert cos.shape == (frames, full.shape[-1])
+        assert torch.equal(cos[:1], full[:1])
+        assert cos.untyped_storage().nbytes() == cos.numel() * cos.element_size()
 
 
 def test_bytes_are_the_stored_tensors_positions_query_sums_and_counters():

@@ -48,11 +48,20 @@ def shifted_rotary(rope: torch.nn.Module, hidden_states: torch.Tensor, frame_off
 def wan_key_rope(transformer: Any, latents: torch.Tensor) -> KeyRope:
     """The :class:`KeyRope` of a Wan-family ``transformer`` for chunks shaped like ``latents``
     ``[B, C, F, H, W]``: interleaved pairs; the table at position ``p`` is the rope module's for
-    frames ``[p, p + F)`` (:func:`shifted_rotary`), as ``[L, D]``."""
+    frames ``[p, p + F)`` (:func:`shifted_rotary`), as ``[L, D]``, a copy of those rows: the
+    memo keeps ``[L, D]`` per position, not the ``(p + F)``-frame table they were cut from."""
     shape = torch.empty(latents.shape, device="meta")
 
     def table(position: int) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = shifted_rotary(transformer.rope, shape, position)
-        return cos[0, :, 0], sin[0, :, 0]
+        return cos[0, :, 0].clone(), sin[0, :, 0].clone()
 
     return KeyRope("interleaved", table)
+
+
+def wan_phase_rope(transformer: Any, latents: torch.Tensor) -> KeyRope:
+    """:func:`wan_key_rope` for a temporal shift only (a re-phased sink): one token per frame,
+    at spatial position 0, so the table at ``p`` is ``[F, D]`` and its first row the rotation by
+    ``p`` frames that every token of a frame shares (the spatial pairs' angles are 0 there)."""
+    _, ph, pw = transformer.rope.patch_size
+    return wan_key_rope(transformer, torch.empty(*latents.shape[:3], ph, pw, device="meta"))

@@ -91,7 +91,7 @@ from jbkv_cli.models.wan.options import (
     chunks_for_frames,
     runtime_options,
 )
-from jbkv_cli.models.wan.rope import wan_key_rope
+from jbkv_cli.models.wan.rope import wan_phase_rope
 from jbkv_cli.models.wan.self_forcing.components import (
     Components,
     WeightPaths,
@@ -408,7 +408,7 @@ class SelfForcing(WanHeads, VideoModelBase):
         rope = self.key_rope(spec, layout, latents)
         phase = None
         if spec.pruner is not None and spec.pruner.owns_buffer:  # Deep Forcing's sink
-            phase = wan_key_rope(transformer, latents)
+            phase = wan_phase_rope(transformer, latents)
         books = self.loop_caches(spec, rope, observer, probe, progress, phase=phase)
         context = self.context(books.layers(), rope)
         chunks = []
