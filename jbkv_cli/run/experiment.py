@@ -58,13 +58,14 @@ def build_matrix(
     ``bits``: widths, :class:`~jbkv_cli.run.bit_specs.BitPair` key and value widths
     (16: that side exact; values-only pairs get the uncorrected variant alone, ablations come
     with plain widths) or :class:`~jbkv_cli.run.bit_specs.LayerBits` widths per layer (one
-    variant each, with a method that supports every width it names; no ablations). ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot":
-    {"seed": 1}}``). Combinations a method does not define (bits it does not support) are left
-    out. Each pruner other than ``none`` adds its 16-bit pruned variant and prunes every
-    quantized combination (not the ablations); a method a pruner cannot take (its spec refuses
-    the pair: e.g. keys cached before RoPE) is left out of that pruner's variants, named in one
-    warning (``ValueError`` where that leaves the method no variant at all). ``group_sizes`` None: each method at its
-    source's (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`).
+    variant each, with a method that supports every width it names; no ablations).
+    ``options``: per method or pruner name, options passed to it (e.g. ``{"quarot": {"seed":
+    1}}``). Combinations a method does not define (bits it does not support) are left out. Each
+    pruner other than ``none`` adds its 16-bit pruned variant and prunes every quantized
+    combination (not the ablations); a method a pruner cannot take (its spec refuses the pair:
+    e.g. keys cached before RoPE) is left out of that pruner's variants, named in one warning
+    (``ValueError`` where that leaves the method no variant at all). ``group_sizes`` None: each
+    method at its source's (:meth:`~jbkv_cli.quant.method.KVMethod.default_group_size`).
     """
     options = options or {}
     chosen = [None if p == "none" else build_pruner(p, **options.get(p, {})) for p in pruners]
@@ -81,18 +82,15 @@ def build_matrix(
                 if any(w != 16 and w not in METHODS[q].SUPPORTED_BITS for w in (kb, vb)):
                     continue
                 kw = options.get(q, {})
+                plain = [  # built first: their own errors are the user's
+                    KVSpec.build(q, kb, g, c, value_bits=vb, **kw)
+                    for c in corrections
+                    if kb != 16 or not get_correction(c).active  # a correction reads keys
+                ]
                 for p in chosen:
-                    for c in corrections:
-                        if kb == 16 and get_correction(c).active:
-                            continue  # a correction reads quantized keys
-                        args = (q, kb, g, c)
-                        if p is None:
-                            specs.append(KVSpec.build(*args, value_bits=vb, **kw))
-                            built.add(q)
-                            continue
-                        KVSpec.build(*args, value_bits=vb, **kw)  # its own errors are the user's
+                    for spec in plain:
                         try:
-                            specs.append(KVSpec.build(*args, pruner=p, value_bits=vb, **kw))
+                            specs.append(spec if p is None else replace(spec, pruner=p))
                             built.add(q)
                         except ValueError as exc:  # a method the pruner cannot take
                             unprunable.setdefault((q, p.name), str(exc))
