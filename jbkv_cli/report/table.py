@@ -572,9 +572,11 @@ HORIZON_CSV = ("divergence_median", "diverged", "divergence_videos", "still_vali
 
 
 def to_csv(rows: list[ResultRow], horizon: dict[str, Any] | None = None) -> str:
-    """One line per variant; with the report's ``horizon`` section
-    (:mod:`jbkv_cli.report.horizon`) its median divergence chunk, videos diverged and scored
-    for it, and the still-valid fraction at the last chunk (empty where there is none)."""
+    """One line per variant (``bits`` the keys' width, ``value_bits`` the values' where it
+    differs, ``layer_bits`` the per-layer spec where there is one); with the report's
+    ``horizon`` section (:mod:`jbkv_cli.report.horizon`) its median divergence chunk, videos
+    diverged and scored for it, and the still-valid fraction at the last chunk (empty where
+    there is none)."""
     by_vid = {v["variant"]: v for v in (horizon or {}).get("variants", [])}
     buf = io.StringIO()
     fields = [
@@ -582,6 +584,8 @@ def to_csv(rows: list[ResultRow], horizon: dict[str, Any] | None = None) -> str:
         "label",
         "quantizer",
         "bits",
+        "value_bits",
+        "layer_bits",
         "group_size",
         "effective_bits",
         "corrected",

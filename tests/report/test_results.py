@@ -56,3 +56,24 @@ def test_pruners_and_ablations():
 
 def test_percent():
     assert [percent(x) for x in (0.0, 0.5, 1.0, 0.1234)] == ["0%", "50%", "100%", "12.3%"]
+
+
+def test_the_csv_names_each_variant_s_widths():
+    import csv
+    import io
+
+    from jbkv_cli.report.table import to_csv
+
+    rows = [
+        ResultRow(**BASE),
+        ResultRow(**(BASE | {"variant": "kint4-qvg-g64-vint2-qvg-g64", "bits": 4}), value_bits=2),
+        ResultRow(
+            **(BASE | {"variant": "qvg-g64-K2V2@0-1+K2V1@2-"}), layer_bits="K2V2@0-1+K2V1@2-"
+        ),
+    ]
+    table = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert [(r["bits"], r["value_bits"], r["layer_bits"]) for r in table] == [
+        ("2", "", ""),
+        ("4", "2", ""),
+        ("2", "", "K2V2@0-1+K2V1@2-"),
+    ]
