@@ -9,6 +9,10 @@ the run's variants (torch) but not the scoring stack or a model.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,27 @@ def imported(*args: object, cwd: Path) -> tuple[set[str], list[str], int]:
             lines.append(line)
     assert "jbkv_cli.cli.app" in modules, r.stderr[-2000:]  # the profile is on
     return modules, lines, r.returncode
+
+
+DRIVER = Path(__file__).parents[1] / "support" / "many_commands" / "drive.py"
+
+
+def driven(commands: list[list[str]], cwd: Path) -> list[dict]:
+    """Each of ``commands`` through the app the console script runs, all in one fresh
+    interpreter (``tests/support/many_commands/drive.py``): per command its ``code``, its
+    ``stderr`` lines and the ``modules`` it imported first."""
+    r = subprocess.run(
+        [sys.executable, str(DRIVER), json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "120"},
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads(r.stdout)
+    assert "jbkv_cli.cli.app" in results[0]["modules"]  # the first imported the app
+    return results
 
 
 def heavy_in(modules: set[str]) -> list[str]:
@@ -63,10 +88,15 @@ def command_paths() -> list[list[str]]:
 def test_help_and_version_start_without_torch(tmp_path):
     paths = command_paths()
     assert ["generate"] in paths and ["vbench", "run"] in paths and ["weights", "fetch"] in paths
-    for args in (["--help"], ["--version"], *([*p, "--help"] for p in paths)):
+    for args in (["--help"], ["--version"]):  # the console script itself
         modules, lines, code = imported(*args, cwd=tmp_path)
         assert code == 0, (args, lines)
         assert heavy_in(modules) == [], args
+    seen: set[str] = set()  # every command's help, in one interpreter
+    for done in driven([[*p, "--help"] for p in paths], tmp_path):
+        assert done["code"] == 0, done
+        seen |= set(done["modules"])
+        assert heavy_in(seen) == [], done["args"]
 
 
 USAGE_ERRORS = [
@@ -91,11 +121,21 @@ USAGE_ERRORS = [
 
 
 def test_usage_errors_from_the_command_line_alone_start_without_torch(tmp_path):
-    for args, needle in USAGE_ERRORS:
+    """Two through the console script (a click check, a jbkv one), every one through the app
+    in one interpreter."""
+    for args, needle in (USAGE_ERRORS[0], USAGE_ERRORS[3]):
         modules, lines, code = imported(*args, cwd=tmp_path)
         assert code == 2, (args, lines)
         assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
         assert heavy_in(modules) == [], args
+    seen: set[str] = set()
+    results = driven([args for args, _ in USAGE_ERRORS], tmp_path)
+    for (args, needle), done in zip(USAGE_ERRORS, results, strict=True):
+        lines = done["stderr"]
+        assert done["code"] == 2, (args, lines)
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+        seen |= set(done["modules"])
+        assert heavy_in(seen) == [], args
     assert list(tmp_path.iterdir()) == []
 
 
