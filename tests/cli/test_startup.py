@@ -90,11 +90,12 @@ def test_help_and_version_start_without_torch(tmp_path):
     assert ["generate"] in paths and ["vbench", "run"] in paths and ["weights", "fetch"] in paths
     for args in (["--help"], ["--version"]):  # the console script itself
         modules, lines, code = imported(*args, cwd=tmp_path)
-        assert code == 0, (args, lines)
+        assert code == 0 and lines == [], (args, lines)
         assert heavy_in(modules) == [], args
     seen: set[str] = set()  # every command's help, in one interpreter
     for done in driven([[*p, "--help"] for p in paths], tmp_path):
-        assert done["code"] == 0, done
+        assert done["code"] == 0 and done["stderr"] == [], done
+        assert "Usage" in done["stdout"], done["args"]
         seen |= set(done["modules"])
         assert heavy_in(seen) == [], done["args"]
 

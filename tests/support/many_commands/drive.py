@@ -3,7 +3,7 @@ interpreter, each through the app the console script runs (``jbkv_cli.cli.app.ma
 
     python drive.py '[["--help"], ["generate", "--steps", "0"]]'
 
-Prints one JSON list: per command line its exit code, its stderr lines and the modules it
+Prints one JSON list: per command line its exit code, its stdout, its stderr lines and the modules it
 imported that no earlier command line had (``sys.modules`` before and after), so a start-up
 check of many commands costs one interpreter instead of one each.
 """
@@ -29,6 +29,7 @@ def one(args: list[str]) -> dict:
     return {
         "args": args,
         "code": code,
+        "stdout": out.getvalue(),
         "stderr": err.getvalue().splitlines(),
         "modules": sorted(set(sys.modules) - before),
     }
