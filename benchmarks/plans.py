@@ -71,7 +71,7 @@ def settings_line(document: dict) -> str:
     for plan in document["plans"]:
         s = plan["settings"]
         shown = ", ".join(
-            f"{k}={s[k]}" for k in ("config", "num_chunks", "height", "width") if k in s
+            f"{k}={s[k]}" for k in ("config", "num_chunks", "steps", "height", "width") if k in s
         )
         parts.append(f"`{plan['model']}` ({shown}; planned in {plan['seconds']:.0f} s)")
     return "Settings: " + "; ".join(parts) + "."

@@ -262,6 +262,7 @@ ENTRY = ModelEntry(
     input_paths=input_paths,
     check_cases=check_cases,
     plan_model=plan_model,
+    plan_options={"steps": 1},  # every step the same forward (docs/plan.md)
     plan_blocks=lambda model: model.dit.double_blocks,
     sample_case=sample_case,
 )

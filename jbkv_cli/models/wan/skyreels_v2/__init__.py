@@ -14,6 +14,7 @@ ENTRY = ModelEntry(
     check_options=check_options,
     input_paths=input_paths,
     plan_model=plan_model,
+    plan_options={"steps": 1},  # every step the same forward (docs/plan.md)
     plan_blocks=lambda model: model.components.transformer.blocks,
 )
 
