@@ -19,7 +19,8 @@ and every variant builds its layers alike (no per-layer widths; no pruner, or on
 decide alike, ``layers_alike``: FlowCache, Deep Forcing): twice, with one middle block per run
 of identical blocks and with two, and every number of the real depth — each period's peak and
 its split, the cache a run records, ``KV stored`` — is computed from the two traces, exact by
-construction (:mod:`jbkv_cli.plan.depth`; the traces are checked to match, else every block is traced).
+construction (:mod:`jbkv_cli.plan.depth`; the traces are checked to match, else every block is
+traced).
 """
 
 from __future__ import annotations
