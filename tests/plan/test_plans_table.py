@@ -1,5 +1,6 @@
 """docs/plan.md's table of every model's plan is ``benchmarks/plans.py``'s: its rows are the
-script's format, from its committed JSON, and it covers every registered model (no plan is run here)."""
+script's format, from its committed JSON, and it covers every registered model (no plan is run
+here)."""
 
 from __future__ import annotations
 
