@@ -1,6 +1,6 @@
 """The plan from two shortened traces equals the plan that traces every block: on a stack of
-toy blocks, and on every model that names its blocks at a reduced config of six blocks (every
-variant, every period; on the embedded model 16-bit and QuaRot + signed (its signs shared by
+toy blocks, and on every model at a reduced config of six blocks (Matrix-Game-2.0: ten, two runs
+of five, with the ActionModule and without; every variant, every period; on the embedded model 16-bit and QuaRot + signed (its signs shared by
 every layer), budgets and the longest video (a second length, its window full); on the others
 the fewest steps and RTN + taylor: every step runs the same forward, and the variant commits
 through the quantized path; on Self-Forcing with Deep Forcing and on SkyReels-V2 with FlowCache,
@@ -163,6 +163,13 @@ def _six_layers(model: str, monkeypatch, tmp_path) -> dict:
 
         monkeypatch.setattr(hy, "TINY", replace(hy.TINY, mm_double_blocks_depth=6))
         return {"config": "tiny-random", "num_chunks": 2, "steps": 1}
+    if model == "matrix-game-2":  # two runs of five: with the ActionModule, without
+        from jbkv_cli.models.wan.matrix_game import config
+
+        dit = config.TINY.dit
+        ten = replace(dit, layers=10, action=replace(dit.action, blocks=tuple(range(5))))
+        monkeypatch.setitem(config.PRESETS, "tiny-random", replace(config.TINY, dit=ten))
+        return {"config": "tiny-random", "num_chunks": 2}
     from jbkv_cli.models.wan.tiny import TINY_WAN_TRANSFORMER
 
     monkeypatch.setitem(TINY_WAN_TRANSFORMER, "num_layers", 6)
@@ -179,7 +186,16 @@ def _document(plan) -> dict:
 
 @pytest.mark.slow  # each model planned three times over (docs/testing.md)
 @pytest.mark.parametrize(
-    "model", ["tiny", "self-forcing", "rolling-forcing", "skyreels-v2", "magi1", "hy-worldplay"]
+    "model",
+    [
+        "tiny",
+        "self-forcing",
+        "rolling-forcing",
+        "skyreels-v2",
+        "magi1",
+        "hy-worldplay",
+        "matrix-game-2",
+    ],
 )
 def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
     from jbkv_cli.plan.job import default_case
@@ -197,7 +213,8 @@ def test_the_fast_plan_is_the_full_trace(model, monkeypatch, tmp_path):
 
     fast = plan_model(model, options, specs, case, budgets=budgets, progress=lines.append)
     full = plan_model(model, options, specs, case, budgets=budgets, full_depth=True)
-    assert any("· 3 blocks" in line for line in lines)  # it was shortened
+    kept = 6 if model == "matrix-game-2" else 3  # three of each run
+    assert any(f"· {kept} blocks" in line for line in lines)  # it was shortened
     assert not [line for line in lines if "tracing every block" in line]  # and extrapolated
     assert _document(fast) == _document(full)
     assert all(v.growth is not None for v in fast.variants) == bool(budgets)

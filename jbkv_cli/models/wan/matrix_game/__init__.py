@@ -230,4 +230,5 @@ ENTRY = ModelEntry(
     check_cases=check_cases,
     plan_model=plan_model,
     sample_case=sample_case,
+    plan_blocks=lambda model: model.dit.blocks,  # two runs: with the ActionModule, without
 )
