@@ -1,10 +1,11 @@
-"""The plan from two shortened traces equals the plan that traces every block: on a stack of
-toy blocks, and on every model at a reduced config of six blocks (Matrix-Game-2.0: ten, two runs
-of five, with the ActionModule and without; every variant, every period; on the embedded model
-16-bit and QuaRot + signed (its signs shared by every layer), budgets and the longest video (a second length, its window full); on the others
-the fewest steps and RTN + taylor: every step runs the same forward, and the variant commits
-through the quantized path; on Self-Forcing with Deep Forcing and on SkyReels-V2 with FlowCache,
-whose layers decide alike, over three chunks, the third deciding)."""
+"""The plan from two shortened traces equals the plan that traces every block: on a stack of toy
+blocks, and on every model at a reduced config of six blocks (Matrix-Game-2.0: ten, two runs of
+five, with the ActionModule and without; every variant, every period; on the embedded model
+16-bit and QuaRot + signed (its signs shared by every layer), budgets and the longest video (a
+second length, its window full); on the others the fewest steps and RTN + taylor: every step runs
+the same forward, and the variant commits through the quantized path; on Self-Forcing with Deep
+Forcing and on SkyReels-V2 with FlowCache, whose layers decide alike, over three chunks, the
+third deciding)."""
 
 from __future__ import annotations
 
