@@ -110,7 +110,7 @@ from jbkv_cli.quant.nuq import (
     upper_count,
     upper_count_inclusive,
 )
-from jbkv_cli.quant.tensor import CENTROID, MIXED, QuantizedTensor
+from jbkv_cli.quant.tensor import CENTROID, MIXED, QuantizedTensor, compact
 from jbkv_cli.utils.fields import option
 
 if TYPE_CHECKING:
@@ -196,7 +196,8 @@ def split_keys(y: torch.Tensor, f: float, exact: torch.dtype) -> OutlierSplit:
     n = y.shape[-2]
     if n == 0:  # every token of the chunk is exact
         none = y.new_zeros((*y.shape[:-2], 1, y.shape[-1]), dtype=TABLE_DTYPE)
-        return OutlierSplit(y.new_zeros(y.shape, dtype=torch.uint8), y.to(exact), none, none, -2)
+        empty = compact(y.to(exact))  # no view of the chunk kept
+        return OutlierSplit(y.new_zeros(y.shape, dtype=torch.uint8), empty, none, none, -2)
     t = threshold(f)
     ys, order = y.float().sort(dim=-2)
     hi, lo = (upper_count(n, t), lower_count(n, t)) if f > 0 else (0, 0)
@@ -498,7 +499,7 @@ class KVQuant(KVMethod):
         with the chunk."""
         exact = exact_dtype(x.dtype)
         f = min(self.first_tokens, x.shape[-2])
-        first, y = x[..., :f, :].to(exact), x[..., f:, :]
+        first, y = compact(x[..., :f, :].to(exact)), x[..., f:, :]  # no view of x kept
         rows, k = codebook_rows(x), 1 << self.bits
         if role == "key" and tables is not None:
             split = split_keys_fixed(y, tables.upper, tables.lower, self.outliers, exact)
