@@ -88,6 +88,22 @@ def test_gqa_takes_the_max_of_the_group_logits_before_the_softmax():
         group_logits(q[:, :3], k, 0.5)
 
 
+def test_the_mass_is_the_same_in_blocks_of_queries(monkeypatch):
+    """Queries scored a few at a time (a block of 12 logits: two queries against 2 heads × 3
+    tokens) give the mean of the whole score matrix's softmax, masked and biased."""
+    import jbkv_cli.prune.flowcache as flowcache
+
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 7, 8, generator=gen)
+    k = torch.randn(1, 2, 3, 8, generator=gen)
+    valid = torch.tensor([[[True, False, True], [True, True, True]]])
+    bias = torch.rand(1, 4, 7, 3, generator=gen)
+    s = group_logits(q, k, 0.5, bias).masked_fill(~valid.unsqueeze(-2), float("-inf"))
+    want = s.softmax(-1).mean(-2)
+    monkeypatch.setattr(flowcache, "SCORE_ELEMENTS", 12)
+    torch.testing.assert_close(attention_mass(q, k, 0.5, valid, bias), want, rtol=0, atol=TOL)
+
+
 def test_the_pool_is_a_max_over_seven_neighbours():
     x = torch.zeros(2, 3, 16)
     x[1, 2, 5] = 1.0
