@@ -1,6 +1,7 @@
 """Flat memory and time over a long rollout of the embedded model: the cache bytes after each
-commit and the seconds of each chunk, 16-bit vs INT2 (RTN g32) vs INT2 + taylor, at 64 chunks
-(its rolling window of 2 chunks: what a cache holds stops growing once the window is full).
+commit and the seconds of each chunk, 16-bit vs INT2 (RTN g32) vs INT2 + taylor
+(``tiny_generate.py``'s variants), at 64 chunks (its rolling window of 2 chunks: what a cache
+holds stops growing once the window is full).
 
     python benchmarks/horizon_flat.py [--chunks 64] [--threads 2] [--repeats 3]
 
@@ -21,18 +22,13 @@ import time
 from pathlib import Path
 
 import torch
+from tiny_generate import PROMPT, VARIANTS  # its three variants (run as a script)
 
 from jbkv_cli.kvcache.spec import KVSpec
 from jbkv_cli.models.loop import LoopCaches
 from jbkv_cli.models.tiny import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "a red circle moves right on a dark background"
-VARIANTS = {
-    "FP32": KVSpec(),
-    "INT2 rtn g32": KVSpec.build("rtn", bits=2, group_size=32),
-    "INT2 rtn g32 +taylor": KVSpec.build("rtn", bits=2, group_size=32, correction="taylor"),
-}
 
 
 def rollout(model, spec: KVSpec, seed: int) -> tuple[list[int], list[float]]:
@@ -69,7 +65,7 @@ def main() -> None:
     early, late = slice(4, 12), slice(args.chunks - 8, args.chunks)
     rows = {}
     print(
-        f"{'variant':22s} {'bytes @8':>10s} {'bytes @last':>11s} {'flat from':>9s} {'s/chunk 5-12':>12s} "
+        f"{'variant':28s} {'bytes @8':>10s} {'bytes @last':>11s} {'flat from':>9s} {'s/chunk 5-12':>12s} "
         f"{'s/chunk last 8':>14s} {'ratio':>6s}"
     )
     for name, spec in VARIANTS.items():
@@ -89,7 +85,7 @@ def main() -> None:
             "seconds_late": b,
             "late_over_early": b / a,
         }
-        print(f"{name:22s} {held[7]:10d} {held[-1]:11d} {flat:9d} {a:12.4f} {b:14.4f} {b / a:6.2f}")
+        print(f"{name:28s} {held[7]:10d} {held[-1]:11d} {flat:9d} {a:12.4f} {b:14.4f} {b / a:6.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(

@@ -172,17 +172,15 @@ def attention_mass(
     of cache-side bytes at an event, 1.6 GiB after blocking)."""
     lq, rows = q.shape[-2], math.prod(k.shape[:-2]) * k.shape[-2]
     block = max(1, SCORE_ELEMENTS // max(1, rows))
-    total = None
-    for start in range(0, lq, block):
-        part = slice(start, min(lq, start + block))
+
+    def mass(part: slice) -> torch.Tensor:
         s = group_logits(q[..., part, :], k, scale, None if bias is None else bias[..., part, :])
         if valid is not None:
             s = s.masked_fill(~valid.unsqueeze(-2), float("-inf"))
-        mass = s.softmax(dim=-1).sum(dim=-2)
-        total = mass if total is None else total + mass
-    if total is None:  # no query: the mean of nothing, as torch's mean over an empty axis
-        return group_logits(q, k, scale, bias).softmax(dim=-1).mean(dim=-2)
-    return total / lq
+        return s.softmax(dim=-1).sum(dim=-2)
+
+    parts = [slice(a, a + block) for a in range(0, lq, block)] or [slice(0, 0)]
+    return sum(mass(part) for part in parts) / lq  # no query: 0 / 0, as an empty mean
 
 
 def max_pool(x: torch.Tensor, kernel: int = KERNEL_SIZE) -> torch.Tensor:

@@ -36,8 +36,7 @@ def test_every_stored_tensor_owns_exactly_its_bytes(name, bits, options, role):
     method = build_method(name, bits, 32, **options).at_layer(0)
     k, v = _projection(0)
     x = k if role == "key" else v
-    queries = QueryStats()
-    stored = method.quantize(x, role, queries)
+    stored = method.quantize(x, role, QueryStats())
     tensors = {n: t for n, t in stored.stored().items() if t is not None}
     assert tensors
     for part, t in tensors.items():
