@@ -25,7 +25,9 @@ interval ``[T_(l), T_(n−l+1)]``, ``l`` the largest with ``2 P(Bin(n, 1/2) ≤ 
 same chunk, are ties and dropped; a pair where one is censored has a known sign — with the exact
 two-sided binomial p-value ``min(1, 2 P(Bin(m, 1/2) ≤ min(k⁺, k⁻)))`` over the ``m`` untied pairs.
 Its median difference counts a censored time as ``H`` (a lower bound of the delay when ``b``
-is the censored one).
+is the censored one, an upper bound when ``a`` is), with the order-statistic 95% interval of
+the median above taken over the sorted differences (the sign test's own interval; n ≥ 6). It
+is exact when no pair is censored; ``censored_pairs`` says how many differences are bounds.
 
 **Gain per chunk up to divergence**: at each chunk ``c``, the paired difference
 ``psnr_b,c − psnr_a,c`` over the videos whose *uncorrected* run has not diverged by ``c``
@@ -160,12 +162,18 @@ def delay(a: Divergence, b: Divergence) -> dict[str, Any]:
     if n:
         mid = n // 2
         median = float(diffs[mid]) if n % 2 else (diffs[mid - 1] + diffs[mid]) / 2
+    rank = _order_rank(n)
+    ci = None if rank is None else (float(diffs[rank - 1]), float(diffs[n - rank]))
     return {
         "n": n,
         "later": later,
         "earlier": earlier,
         "ties": n - later - earlier,
         "median_difference": median,
+        "median_difference_ci95": ci,
+        "censored_pairs": sum(
+            ta is None or tb is None for ta, tb in zip(a.times, b.times, strict=True)
+        ),
         "p_sign": sign_test(later, earlier),
     }
 

@@ -50,8 +50,8 @@ class VideoModel(Protocol):
     it; commands also read ``head_dim``, ``num_chunks``, ``chunk_frames``, ``commit_frames``,
     ``window`` and ``tokens_per_chunk`` when present); :meth:`generate`.
 
-    Optional (defaults in :class:`VideoModelBase`): ``pre_rope``, :meth:`resolve_kv` and
-    ``follows_prompt``.
+    Optional (defaults in :class:`VideoModelBase`): ``pre_rope``, :meth:`resolve_kv`,
+    ``follows_prompt`` and ``follows_prompt_version``.
     """
 
     name: str
@@ -71,6 +71,8 @@ class VideoModel(Protocol):
     video alone, no reference, so it stays meaningful after the video has diverged from its
     reference (the report's long-horizon section, ``docs/report.md``). Default None: the model
     has no such check."""
+    follows_prompt_version: int
+    """Which definition of ``follows_prompt`` (:class:`VideoModelBase`); default 1."""
 
     def generate(
         self,
@@ -100,6 +102,9 @@ class VideoModelBase:
     pre_rope: bool = False
     profiles_cases: bool = False
     follows_prompt: PromptCheck | None = None
+    follows_prompt_version: int = 1
+    """The definition of ``follows_prompt``, raised when it changes: a run's stored checks of
+    another version are made again, so one report never mixes two definitions."""
 
     def resolve_kv(self, kv: KVSpec) -> KVSpec:
         """:meth:`KVSpec.for_model` by name (an adapter that knows its chunk size passes it)."""

@@ -243,9 +243,11 @@ def valid_text(valid: list[dict[str, Any]] | None) -> str:
 
 def delay_text(d: dict[str, Any], labels: bool = True) -> str:
     """``INT2 … +taylor vs INT2 …: diverges later in 6, earlier in 1, tied 3 of 10 videos ·
-    median +2 chunks · sign test p 0.125`` (``labels=False``: from ``diverges``)."""
-    median = d.get("median_difference")
+    median +2 chunks [+0, +4] · sign test p 0.125`` (``labels=False``: from ``diverges``); the
+    interval is the median difference's 95% one (none below 6 videos)."""
+    median, ci = d.get("median_difference"), d.get("median_difference_ci95")
     shown = "—" if median is None else f"{median:+g}"
+    shown += "" if median is None or ci is None else f" [{ci[0]:+g}, {ci[1]:+g}]"
     text = (
         f"diverges later in {d['later']}, earlier in {d['earlier']}, tied {d['ties']} of "
         f"{d['n']} videos · median {shown} chunks · sign test p {format_p(d['p_sign'])}"

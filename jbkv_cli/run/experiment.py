@@ -418,10 +418,16 @@ class Scoring:
     """
 
     def __init__(
-        self, run: RunDir, *, lpips: bool = True, check: PromptCheck | None = None
+        self,
+        run: RunDir,
+        *,
+        lpips: bool = True,
+        check: PromptCheck | None = None,
+        check_version: int = 1,
     ) -> None:
         self.run = run
         self.check = check
+        self.check_version = check_version
         self.scorer, self.status = try_load_lpips() if lpips else (None, "disabled (--no-lpips)")
         self._pending: list[Pair] = []
         self._ref: tuple[str, torch.Tensor] | None = None  # the last reference decoded
@@ -456,7 +462,7 @@ class Scoring:
             for rec in run.records(vid):
                 name = video_name(rec["prompt"], rec["index"])
                 stale = name not in done or _stale(done[name], self.scorer)
-                unchecked = self.check is not None and name not in checked
+                unchecked = self._unchecked(checked.get(name))
                 unpaired = self._pruned_todo(base, name, against.get(name))
                 if name in refs and (stale or unchecked or unpaired or name in ref_todo):
                     todo.append((vid, name, *_chunks(rec, settings)))
@@ -478,7 +484,7 @@ class Scoring:
         return {
             name
             for name in refs
-            if (self.check is not None and name not in checked)
+            if self._unchecked(checked.get(name))
             or (name not in floors and self._floor_source(name) is not None)
         }
 
@@ -620,19 +626,31 @@ class Scoring:
             self._older[kind, vid] = self.run.read_score_map(older, kind=kind)
         return self._older[kind, vid].get(name)
 
+    def _unchecked(self, entry: dict[str, Any] | None) -> bool:
+        """Whether a video's prompt check is to be made: the model has a check, and no entry is
+        saved or the saved one is of another version of it (no version: 1)."""
+        if self.check is None:
+            return False
+        return entry is None or entry.get("check_version", 1) != self.check_version
+
     def _check_prompt(
         self, vid: str, name: str, frames: torch.Tensor | None, chunk_frames: int | None
     ) -> None:
         """Save the model's prompt check of one video when there is a check and none saved."""
         run = self.run
-        if self.check is None or self._saved("prompt", vid, name) is not None:
+        if not self._unchecked(self._saved("prompt", vid, name)):
             return
         frames = run.load_frames(vid, name) if frames is None else frames
         record = run.record(vid, name)
         if record is None:
             return
+        assert self.check is not None  # _unchecked is False without a check
         valid = self.check(run.case(record["prompt"]), frames)
-        entry = {"valid_per_chunk": [bool(v) for v in valid], "chunk_frames": chunk_frames or 1}
+        entry = {
+            "valid_per_chunk": [bool(v) for v in valid],
+            "chunk_frames": chunk_frames or 1,
+            "check_version": self.check_version,
+        }
         save_scores(run, "prompt", vid, {name: entry})
 
     def _score_reference(self, name: str, frames: torch.Tensor) -> None:

@@ -303,7 +303,8 @@ def score_problem(entry: Any) -> str | None:
 def prompt_problem(entry: Any) -> str | None:
     """Why ``entry`` is not one video's prompt check (``metrics/prompt/…``), or None: a
     ``valid_per_chunk`` list of booleans (the model's
-    :meth:`~jbkv_cli.models.contract.VideoModel.follows_prompt`) and its ``chunk_frames``."""
+    :meth:`~jbkv_cli.models.contract.VideoModel.follows_prompt`), its ``chunk_frames`` and the
+    check's ``check_version`` (absent: 1)."""
     if not isinstance(entry, dict):
         return "not a JSON object"
     valid = entry.get("valid_per_chunk")
@@ -314,6 +315,9 @@ def prompt_problem(entry: Any) -> str | None:
     frames = entry.get("chunk_frames")
     if not _integer(frames, 1, MAX_COUNT):
         return _bad("chunk_frames", f"an integer in [1, {MAX_COUNT}]", frames)
+    version = entry.get("check_version", 1)
+    if not _integer(version, 1, MAX_COUNT):
+        return _bad("check_version", f"an integer in [1, {MAX_COUNT}]", version)
     return None
 
 

@@ -85,8 +85,21 @@ def test_delay_counts_censored_pairs_by_their_known_sign():
     assert (out["later"], out["earlier"], out["ties"]) == (2, 0, 2)
     assert out["median_difference"] == 1.0  # [0, 0, 2, 6]: a censored b counts as H
     assert out["p_sign"] == pytest.approx(0.5)
+    assert out["median_difference_ci95"] is None and out["censored_pairs"] == 2  # n < 6
     with pytest.raises(ValueError):
         delay(a, Divergence((1, 2, 3), 8))
+
+
+def test_the_median_delay_has_the_order_statistic_interval_of_its_differences():
+    """n = 8: the interval's rank is 1 (2 P(Bin(8, 1/2) <= 0) = 0.008; rank 2 gives 0.07), so
+    it spans the smallest and largest difference; n = 15: ranks 4 and 12, as for a median."""
+    a = Divergence((2, 3, 4, 5, 6, 7, 8, 9), 20)
+    b = Divergence((1, 3, 5, 6, 8, 9, 11, 14), 20)  # differences -1 0 1 1 2 2 3 5
+    out = delay(a, b)
+    assert out["median_difference"] == 1.5 and out["median_difference_ci95"] == (-1.0, 5.0)
+    assert out["censored_pairs"] == 0
+    fifteen = delay(Divergence((0,) * 15, 20), Divergence(tuple(range(15)), 20))
+    assert fifteen["median_difference"] == 7.0 and fifteen["median_difference_ci95"] == (3.0, 11.0)
 
 
 def test_gain_per_chunk_stops_counting_a_video_when_its_baseline_diverged():

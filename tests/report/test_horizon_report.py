@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
+from jbkv_cli.models.tiny import TinyVideoModel
 from jbkv_cli.report.horizon import horizon_section, still_valid
 from jbkv_cli.report.table import HORIZON_CSV, build_rows
 from jbkv_cli.run.directory import RunDir
@@ -21,6 +22,7 @@ BLUE = "a blue square moves left on a light background"
 RED = "a red circle moves right on a dark background"
 BASE, CORR = "int2-rtn-g32", "int2-rtn-g32-taylor"
 CAP = PSNR_CAP_DB
+TINY_CHECK = TinyVideoModel.follows_prompt_version  # what the fixture's run stored
 
 # Per video (name order): the uncorrected and corrected PSNR per chunk. The first chunk that
 # reads the cache (chunk 1) is 36 dB in every baseline video; the floors are 20 dB (blue) and
@@ -226,7 +228,7 @@ def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizo
         calls.append(case.prompt)
         return [True] * 4
 
-    scoring = Scoring(RunDir.open(run_dir), lpips=False, check=check)
+    scoring = Scoring(RunDir.open(run_dir), lpips=False, check=check, check_version=TINY_CHECK)
     pairs = scoring.missing()
     assert {p[1] for p in pairs} == {f"{RED}-1", f"{BLUE}-0"}
     scoring.start(pairs)
@@ -238,4 +240,39 @@ def test_missing_prompt_checks_and_floors_are_made_again_and_nothing_else(horizo
         == 4
     )
     assert {p: p.stat().st_mtime_ns for p in metrics.glob("fidelity/**/*.json")} == fidelity
-    assert Scoring(RunDir.open(run_dir), lpips=False, check=check).missing() == []
+    assert (
+        Scoring(RunDir.open(run_dir), lpips=False, check=check, check_version=TINY_CHECK).missing()
+        == []
+    )
+
+
+@pytest.mark.slow
+def test_prompt_checks_of_another_version_are_made_again(horizon_run, tmp_path):
+    """A model whose check changed (a new ``follows_prompt_version``) has every video's stored
+    check made again, so a report never mixes two definitions; the same version, none."""
+    from jbkv_cli.run.experiment import Scoring
+
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(horizon_run, run_dir)
+    stored = sorted((run_dir / "metrics" / "prompt").glob("*/*.json"))
+    assert len(stored) == 12  # the reference and two variants, 4 videos each
+    assert {json.loads(p.read_text())["check_version"] for p in stored} == {TINY_CHECK}
+    calls = []
+
+    def check(case, frames):
+        calls.append(case.prompt)
+        return [False] * 4
+
+    same = Scoring(RunDir.open(run_dir), lpips=False, check=check, check_version=TINY_CHECK)
+    assert same.missing() == []
+    older = json.loads(stored[0].read_text())  # a variant's video: one pair
+    stored[0].write_text(json.dumps({k: v for k, v in older.items() if k != "check_version"}))
+    assert [p[:2] for p in same.missing()] == [(stored[0].parent.name, stored[0].stem)]
+    first = Scoring(RunDir.open(run_dir), lpips=False, check=check, check_version=1)
+    assert not first._unchecked({k: v for k, v in older.items() if k != "check_version"})
+    newer = Scoring(RunDir.open(run_dir), lpips=False, check=check, check_version=TINY_CHECK + 1)
+    newer.start(newer.missing())
+    newer.finish()
+    assert len(calls) == 12
+    entry = {"valid_per_chunk": [False] * 4, "chunk_frames": 4, "check_version": TINY_CHECK + 1}
+    assert all(json.loads(p.read_text()) == entry for p in stored)

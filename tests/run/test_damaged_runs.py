@@ -245,6 +245,7 @@ DAMAGE = [
     ("prompt", {"valid_per_chunk": "abc"}, "'valid_per_chunk' is not a list of true/false"),
     ("prompt", {"valid_per_chunk": [1, 0]}, "'valid_per_chunk' is not a list of true/false"),
     ("prompt", {"chunk_frames": 0}, "'chunk_frames' is not an integer in [1, "),
+    ("prompt", {"check_version": 0}, "'check_version' is not an integer in [1, "),
     ("record", {"frames": "abc"}, "'frames' is not a list of 4 frame dimensions (got 'abc')"),
     ("record", {"kv_cache_bytes": 1e308}, "'kv_cache_bytes' is not a byte count"),
     ("record", {"delta_ps_samples": [1e308]}, "'delta_ps_samples' is not a list of numbers"),

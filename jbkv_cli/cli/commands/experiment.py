@@ -374,7 +374,9 @@ def quantize_eval(
         run = open_run(root, name, m.settings, files[name])
         # each video is scored as soon as it is made, and checked against its prompt (when
         # the model has a check: the long-horizon report's still-valid fraction)
-        scoring = Scoring(run, lpips=lpips, check=m.follows_prompt)
+        scoring = Scoring(
+            run, lpips=lpips, check=m.follows_prompt, check_version=m.follows_prompt_version
+        )
         summary = generate_all(m, run, model_specs, items, scoring=scoring)
         shows.append(partial(_summary_line, summary, run))
         if vbench:

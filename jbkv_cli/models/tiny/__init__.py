@@ -45,6 +45,7 @@ class TinyVideoModel(VideoModelBase):
 
     name = "tiny"
     pre_rope = True  # its caches can hold keys before RoPE (``layout=pre-rope``)
+    follows_prompt_version = 2  # 2: a chunk's path counts the step into it (a turn at a wall)
 
     def __init__(
         self,

@@ -10,10 +10,14 @@ prompt* when
 - it stays a shape for the whole video: every frame's area is within ``[1/2, 2]`` of the
   median area of the first chunk;
 - it keeps moving for the whole video: in every chunk, the centroid's path length along the
-  motion axis is at least ``min_path`` pixels (the slowest training speed, 0.97 px/frame, gives
-  2.9 px over the 3 frame steps of a 4-frame chunk; a bounce does not shorten the path, the
-  pixel grid does a little), and it stays on its axis (the centroid's range across the motion
-  axis is at most ``max_drift`` pixels).
+  motion axis over the chunk's time (:func:`chunk_paths`: from the previous chunk's last frame,
+  4 frame steps; chunk 0: its own 3) is at least ``min_path`` pixels (the slowest training
+  speed, 0.97 px/frame, gives 2.9 px over 3 steps; a bounce does not shorten the path, the pixel
+  grid does a little), and it stays on its axis (the centroid's range across the motion axis is
+  at most ``max_drift`` pixels). Counting the step into the chunk matters at a wall: a shape
+  that turns a pixel early, as the model's do over long rollouts, moves about 1 px within one
+  chunk's own frames and about 2 px over its time; until 2026-12-03 (``follows_prompt_version``
+  1) the check counted the chunk's own frames only and called such a turn a stall.
 
 :func:`check_chunks` asks the same per chunk, for the long-horizon report: chunk ``c`` follows
 the prompt when its foreground's mean colour is nearest to the named one, every frame of it
@@ -108,6 +112,24 @@ def _start(track: _Track, frames_per_chunk: int) -> tuple[float, float]:
     return advance, float(track.area[:frames_per_chunk].median().clamp_min(1))
 
 
+def chunk_paths(along: torch.Tensor, frames_per_chunk: int) -> torch.Tensor:
+    """Per whole chunk, the centroid's path length along the motion axis over the chunk's time:
+    every frame step from the previous chunk's last frame (chunk 0: its own first) to its own
+    last frame; ``[n_chunks]``, zeros for 1-frame chunks' chunk 0."""
+    steps = along.diff().abs()  # step i: frame i -> i + 1
+    n = along.shape[0] // frames_per_chunk
+    return (
+        torch.stack(
+            [
+                steps[max(0, c * frames_per_chunk - 1) : (c + 1) * frames_per_chunk - 1].sum()
+                for c in range(n)
+            ]
+        )
+        if n
+        else torch.zeros(0)
+    )
+
+
 def check_video(
     frames: torch.Tensor,
     prompt: str,
@@ -121,8 +143,7 @@ def check_video(
     nearest = _nearest(_mean_colour(tr, 0, t))
     advance, ref_area = _start(tr, frames_per_chunk)
     ratio = tr.area / ref_area
-    chunks = tr.along[: t - t % frames_per_chunk].reshape(-1, frames_per_chunk)
-    chunk_path = chunks.diff(dim=1).abs().sum(1)  # zeros for 1-frame chunks
+    chunk_path = chunk_paths(tr.along, frames_per_chunk)
     drift = float(tr.across.max() - tr.across.min())
     return PromptCheck(
         colour=nearest,
@@ -156,6 +177,7 @@ def check_chunks(
         return []
     advance, ref_area = _start(tr, frames_per_chunk)
     starts_ok = advance > 2.0
+    paths = chunk_paths(tr.along, frames_per_chunk)
     out = []
     for c in range(n):
         lo, hi = c * frames_per_chunk, (c + 1) * frames_per_chunk
@@ -163,7 +185,7 @@ def check_chunks(
         ratio = area / ref_area
         shape_ok = bool(area.min() > 0) and float(ratio.min()) >= 0.5 and float(ratio.max()) <= 2
         colour_ok = _nearest(_mean_colour(tr, lo, hi)) == tr.colour_name
-        path = float(tr.along[lo:hi].diff().abs().sum()) if hi - lo > 1 else 0.0
+        path = float(paths[c])
         drift = float(tr.across[:hi].max() - tr.across[:hi].min())
         moving_ok = path >= min_path and drift <= max_drift
         out.append(colour_ok and shape_ok and moving_ok and (c >= 2 or starts_ok))

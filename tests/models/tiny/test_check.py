@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jbkv_cli.models.tiny.check import check_chunks, check_video
+from jbkv_cli.models.tiny.check import check_chunks, check_video, chunk_paths
 from jbkv_cli.models.tiny.data import BACKGROUNDS, DataConfig, all_prompts, render
 from jbkv_cli.utils.errors import JbkvError
 
@@ -94,3 +94,15 @@ def test_check_chunks_on_ground_truth_and_the_chunk_each_failure_starts(rendered
     wrong_way = good.flip(-1)  # moves left: the start fails (chunks 0 and 1)
     assert check_chunks(frames_of(wrong_way), text)[:2] == [False, False]
     assert check_chunks(frames_of(good[:6]), text) == [True]  # a partial last chunk left out
+
+
+def test_a_chunks_path_counts_the_step_into_it() -> None:
+    """A shape that turns around early at a wall (measured on the embedded model's long
+    rollouts) moves 1.0 px within the chunk's own frames but 1.9 px over the chunk's time,
+    counted from the previous chunk's last frame; a stalled shape stays below 1.2 px."""
+    turn = torch.tensor([18.3, 19.3, 20.3, 21.3, 22.2, 22.6, 22.5, 22.0, 21.0, 19.9, 18.8, 17.7])
+    assert chunk_paths(turn, 4).tolist() == pytest.approx([3.0, 1.9, 4.3], abs=1e-5)
+    assert float(turn[4:8].diff().abs().sum()) < 1.2  # the old count: the turn was a stall
+    stall = torch.tensor([17.3, 18.3, 19.3, 20.3, 20.4, 20.4, 20.5, 20.4])
+    assert chunk_paths(stall, 4)[1] < 1.2
+    assert chunk_paths(turn[:9], 4).shape == (2,) and chunk_paths(turn[:3], 4).shape == (0,)
