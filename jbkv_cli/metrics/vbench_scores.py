@@ -104,14 +104,31 @@ def video_id(path: str) -> str:
     return _CLIP_SUFFIX.sub("", stem)
 
 
+def clip_index(path: str) -> int:
+    """A clip's place in its long video: ``NNN`` of ``<video>_NNN.mp4`` (the odd keys below
+    ``split_clip/<video>/`` included, :func:`video_id`); 0 for a whole video (short modes, or
+    ``_full``: a video shorter than one clip)."""
+    parts = PurePath(path).parts
+    name = PurePath(path).stem
+    if "split_clip" in parts:
+        i = len(parts) - 1 - parts[::-1].index("split_clip")
+        if i + 2 < len(parts):
+            name = PurePath(parts[i + 2]).stem
+    m = _CLIP_SUFFIX.search(name)
+    return int(m.group(1)) if m and m.group(1).isdigit() else 0
+
+
 @dataclass
 class DimensionScore:
-    """One dimension for one variant: VBench's aggregate plus per-video values."""
+    """One dimension for one variant: VBench's aggregate plus per-video values, and per video
+    its clips' values in time order (``per_clip``; None where a clip was not scored: the static
+    filter keeps some clips only)."""
 
     dimension: str
     score: float
     per_video: dict[str, float] = field(default_factory=dict)
     n_clips: int = 0
+    per_clip: dict[str, list[float | None]] = field(default_factory=dict)
 
     @property
     def n_videos(self) -> int:
@@ -135,6 +152,7 @@ class DimensionScore:
             "n_clips": self.n_clips,
             "mean_per_video": self.mean_per_video,
             "per_video": self.per_video,
+            "per_clip": self.per_clip,
         }
 
 
@@ -161,17 +179,37 @@ def regroup_by_video(detailed: Iterable[Mapping[str, Any]], scale: float = 1.0) 
     return {k: sum(v) / len(v) for k, v in sorted(sums.items())}
 
 
+def regroup_clips(
+    detailed: Iterable[Mapping[str, Any]], scale: float = 1.0
+) -> dict[str, list[float | None]]:
+    """Per long video its clips' ``video_results`` by :func:`clip_index` (a clip listed twice:
+    the mean), None for an index with no entry below the last."""
+    by_index: dict[str, dict[int, list[float]]] = {}
+    for item in detailed:
+        if "video_path" not in item or "video_results" not in item:
+            continue
+        path = str(item["video_path"])
+        clips = by_index.setdefault(video_id(path), {})
+        clips.setdefault(clip_index(path), []).append(float(item["video_results"]) * scale)
+    return {
+        v: [sum(clips[k]) / len(clips[k]) if k in clips else None for k in range(max(clips) + 1)]
+        for v, clips in sorted(by_index.items())
+    }
+
+
 def parse_dimension(dimension: str, raw: Any) -> DimensionScore:
     """Parse one entry of VBench's ``<name>_eval_results.json``: ``[aggregate, detailed, ...]``."""
     if not isinstance(raw, list | tuple) or not raw:
         raise ValueError(f"unexpected VBench result for {dimension}: {raw!r:.200}")
     detailed = raw[1] if len(raw) > 1 and isinstance(raw[1], list) else []
     clips = [d for d in detailed if isinstance(d, dict) and "video_results" in d]
+    scale = DETAIL_SCALE.get(dimension, 1.0)
     return DimensionScore(
         dimension=dimension,
         score=float(raw[0]),
-        per_video=regroup_by_video(clips, DETAIL_SCALE.get(dimension, 1.0)),
+        per_video=regroup_by_video(clips, scale),
         n_clips=len(clips),
+        per_clip=regroup_clips(clips, scale),
     )
 
 

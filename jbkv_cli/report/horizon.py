@@ -24,6 +24,9 @@ per-chunk prompt check (``metrics/prompt``, every variant and the reference). Th
   whose baseline has not diverged by then (:mod:`jbkv_cli.metrics.horizon`).
 - **Still valid** at chunk ``c``: the share of a variant's videos whose prompt check passed at
   every chunk up to ``c`` (:attr:`~jbkv_cli.models.contract.VideoModel.follows_prompt`).
+- **VBench over time** (a model with no prompt check of its own): VBench-Long's consistency per
+  clip, per variant and against the reference's same clip, when ``jbkv vbench run`` scored the
+  run (:mod:`jbkv_cli.report.vbench_time`).
 
 Chunk numbers are the model's (0 = the first chunk).
 """
@@ -40,6 +43,7 @@ from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.metrics.stats import aggregate
 from jbkv_cli.report.drift import chunked_entry
 from jbkv_cli.report.results import ResultRow
+from jbkv_cli.report.vbench_time import over_time_lines, read_vbench, vbench_over_time
 from jbkv_cli.run.directory import RunDir, video_name
 
 Series = dict[str, list[float]]  # video name -> PSNR per chunk (chunk 0 first)
@@ -53,7 +57,8 @@ def horizon_section(run: RunDir, rows: list[ResultRow]) -> dict[str, Any] | None
     floors, floor_chunks = _floors(run, prompts)
     series = {r.variant: _series(run, r.variant) for r in rows if not r.is_reference}
     valid = {r.variant: still_valid(run.read_metrics("prompt", r.variant)) for r in rows}
-    if not any(valid.values()) and not floors:
+    over_time = vbench_over_time(run, rows, read_vbench(run))
+    if not any(valid.values()) and not floors and not over_time:
         return None
     by_variant = {r.variant: r for r in rows}
     firsts: dict[str, float] = {}  # variant -> the first chunk's PSNR its thresholds use
@@ -106,6 +111,7 @@ def horizon_section(run: RunDir, rows: list[ResultRow]) -> dict[str, Any] | None
         },
         "variants": variants,
         "delays": delays,
+        "vbench": over_time,
     }
 
 
@@ -291,7 +297,7 @@ def horizon_lines(section: dict[str, Any] | None) -> list[str]:
     for d in section["delays"]:
         lines.append(delay_text(d))
         lines.append(f"{d['label']} gain up to the baseline's divergence: {gain_text(d)}")
-    return lines
+    return lines + over_time_lines(section.get("vbench") or [])
 
 
 def horizon_markdown(section: dict[str, Any] | None) -> str:

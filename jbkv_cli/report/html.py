@@ -38,6 +38,7 @@ from jbkv_cli.report.drift import drift_series
 from jbkv_cli.report.horizon import delay_text, divergence_text, marks
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.report.table import format_stat, lpips_note, megabytes, table_cells
+from jbkv_cli.report.vbench_time import clip_cell, clip_label
 from jbkv_cli.run.directory import RunDir, video_name
 from jbkv_cli.utils.atomic import atomic_path, write_text_atomic
 from jbkv_cli.utils.errors import JbkvError
@@ -434,15 +435,16 @@ def horizon_html(section: dict[str, Any] | None) -> str:
         ]
         tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
         body.append(f'<tr><td class="text">{_bdi(v["label"])}</td>{tds}</tr>')
-    parts = [
-        "<h2>Long horizon</h2>",
-        f'<p class="meta">{_e(meta)} Still valid at chunk c: the share of videos whose '
-        "model's own prompt check passed at every chunk up to c (it needs no reference).</p>",
-        '<table class="sortable" id="horizon"><thead><tr><th class="text">variant</th>'
-        f'<th scope="col">time to divergence</th>{head}</tr></thead>\n<tbody>'
-        + "".join(body)
-        + "</tbody></table>",
-    ]
+    parts = ["<h2>Long horizon</h2>"]
+    if any(v["divergence"] or v["still_valid"] for v in section["variants"]):
+        parts += [
+            f'<p class="meta">{_e(meta)} Still valid at chunk c: the share of videos whose '
+            "model's own prompt check passed at every chunk up to c (it needs no reference).</p>",
+            '<table class="sortable" id="horizon"><thead><tr><th class="text">variant</th>'
+            f'<th scope="col">time to divergence</th>{head}</tr></thead>\n<tbody>'
+            + "".join(body)
+            + "</tbody></table>",
+        ]
     for d in section["delays"]:
         gains = d["gain_per_chunk"]
         chunks = "".join(f"<th>chunk {g['chunk']}</th>" for g in gains)
@@ -453,7 +455,28 @@ def horizon_html(section: dict[str, Any] | None) -> str:
             f'has not diverged)</summary><table class="drift"><thead><tr>{chunks}</tr>'
             f"</thead><tbody><tr>{cells}</tr></tbody></table></details>"
         )
+    parts += [_over_time_html(e) for e in section.get("vbench") or []]
     return "\n".join(parts)
+
+
+def _over_time_html(entry: dict[str, Any]) -> str:
+    """One VBench dimension per clip over time (:mod:`jbkv_cli.report.vbench_time`): a row per
+    variant, a column per clip; Δ: paired against the reference's clip, 95% CI."""
+    head = "".join(f'<th scope="col">{_e(clip_label(c))}</th>' for c in entry["clips"])
+    body = []
+    for v in entry["variants"]:
+        diffs = v["vs_reference"] or [None] * len(v["per_clip"])
+        tds = "".join(
+            f"<td>{_e(clip_cell(p, d))}</td>" for p, d in zip(v["per_clip"], diffs, strict=True)
+        )
+        body.append(f'<tr><td class="text">{_bdi(v["label"])}</td>{tds}</tr>')
+    length = f"{entry['clip_seconds']:g}-s " if entry["clip_seconds"] else ""
+    return (
+        f"<details open><summary>VBench {_e(entry['dimension'])} per {length}clip: mean over "
+        "videos; Δ: paired against the reference's same clip, 95% CI</summary>"
+        f'<table class="drift"><thead><tr><th class="text">variant</th>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></details>"
+    )
 
 
 def _gain_cell(g: dict[str, Any]) -> str:

@@ -26,13 +26,13 @@ from jbkv_cli.report.frontier import frontiers
 from jbkv_cli.report.horizon import horizon_section
 from jbkv_cli.report.memory import bias_share_by_layer, memory_fields
 from jbkv_cli.report.results import ResultRow, Stat
+from jbkv_cli.report.vbench_time import read_vbench
 from jbkv_cli.run.directory import RunDir, video_name
 from jbkv_cli.run.pruned_base import KIND as PRUNED16
 from jbkv_cli.run.pruned_base import pruned_baselines
-from jbkv_cli.run.schema import BIG, vbench_problem
+from jbkv_cli.run.schema import BIG
 from jbkv_cli.utils.console import plain
 from jbkv_cli.utils.errors import JbkvError
-from jbkv_cli.utils.jsonio import read_json
 
 LP_METRICS = ("lp_shift", "lp_predicted", "lp_left", "lp_ratio")  # attention/partition.py
 ERROR_METRICS = (
@@ -57,17 +57,8 @@ def reference_label(run: RunDir) -> str:
 
 def vbench_results(run: RunDir) -> dict[str, dict[str, Any]]:
     """Per variant: VBench dimension scores and totals from ``metrics/vbench.json`` (if any)."""
-    path = run.root / "metrics" / "vbench.json"
-    if not path.is_file():
-        return {}
-    doc = read_json(path)
-    problem = vbench_problem(doc)
-    if problem:
-        raise JbkvError(
-            f"{path} is not a jbkv VBench result: {problem} (damaged or edited? "
-            f"`jbkv vbench run {run.root}` writes it again)"
-        )
-    return vbench_variants(doc)
+    doc = read_vbench(run)
+    return vbench_variants(doc) if doc is not None else {}
 
 
 def vbench_variants(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -399,4 +399,12 @@ def _dimension_problem(x: Any) -> str | None:
     count = x.get("n_videos")
     if count is not None and not _integer(count, 0, MAX_INT):
         return _bad("n_videos", "a count or null", count)
+    clips = x.get("per_clip")
+    if not isinstance(clips, dict | None):
+        return _bad("per_clip", "an object", clips)
+    for video, values in (clips or {}).items():
+        if not isinstance(values, list) or not all(
+            v is None or _number(v, -BIG, BIG) for v in values
+        ):
+            return _bad(f"per_clip.{video}", "a list of numbers or nulls", values)
     return None

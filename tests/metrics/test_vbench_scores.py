@@ -7,8 +7,10 @@ import pytest
 from jbkv_cli.metrics.vbench_scores import (
     DIMENSIONS,
     DimensionScore,
+    clip_index,
     compute_totals,
     parse_dimension,
+    regroup_clips,
     standard_error,
     totals_from_dimensions,
     video_id,
@@ -110,6 +112,30 @@ def test_parse_long_result_regroups_clips_per_video():
     assert s.score == 0.75 and s.n_clips == 4
     assert s.per_video == {"a-0": pytest.approx(0.85), "b-0": pytest.approx(0.65)}
     assert s.se == pytest.approx(standard_error([0.85, 0.65]))
+
+
+def test_clip_index_and_clips_in_time_order():
+    assert clip_index("/w/videos/split_clip/a cat-0/a cat-0_003.mp4") == 3
+    assert clip_index("/w/videos/split_clip/a cat-1/a cat-1_012.mp4/a cat-1.mp4") == 12
+    assert clip_index("/w/x/filtered_videos/filtered_clips/a dog-2_001.mp4") == 1
+    assert clip_index("/w/videos/split_clip/short-0/short-0_full.mp4") == 0
+    assert clip_index("/w/videos/a dog-2.mp4") == 0  # short mode: the video is its one clip
+    clip = "/w/videos/split_clip/{v}/{v}_{i:03d}.mp4"
+    detailed = [  # listed out of order, a clip twice, a hole at b-0's clip 1
+        {"video_path": clip.format(v="a-0", i=2), "video_results": 0.7},
+        {"video_path": clip.format(v="a-0", i=0), "video_results": 0.9},
+        {"video_path": clip.format(v="a-0", i=1), "video_results": 0.8},
+        {"video_path": clip.format(v="a-0", i=1), "video_results": 0.6},
+        {"video_path": clip.format(v="b-0", i=2), "video_results": 50.0},
+        {"video_path": clip.format(v="b-0", i=0), "video_results": 40.0},
+    ]
+    assert regroup_clips(detailed) == {
+        "a-0": [0.9, pytest.approx(0.7), 0.7],
+        "b-0": [40.0, None, 50.0],
+    }
+    s = parse_dimension("imaging_quality", [0.5, detailed[4:]])
+    assert s.per_clip == {"b-0": [pytest.approx(0.4), None, pytest.approx(0.5)]}
+    assert s.to_json()["per_clip"] == s.per_clip
 
 
 def test_imaging_quality_detail_rescaled_and_booleans():

@@ -276,3 +276,84 @@ def test_prompt_checks_of_another_version_are_made_again(horizon_run, tmp_path):
     assert len(calls) == 12
     entry = {"valid_per_chunk": [False] * 4, "chunk_frames": 4, "check_version": TINY_CHECK + 1}
     assert all(json.loads(p.read_text()) == entry for p in stored)
+
+
+# VBench-Long's subject consistency per 1-s clip (8 frames of 8 fps: 2 chunks of 4 frames) of
+# the reference and the baseline; background consistency of one clip only (not over time).
+CLIPS = {
+    "reference": {f"{p}-{i}": [0.95, 0.95] for p in (RED, BLUE) for i in (0, 1)},
+    BASE: {
+        f"{RED}-0": [0.95, 0.90],
+        f"{RED}-1": [0.94, 0.89],
+        f"{BLUE}-0": [0.96, 0.91],
+        f"{BLUE}-1": [0.95, None],  # its second clip not scored: left out of clip 1
+    },
+}
+
+
+def _vbench(clips: dict, seconds: list[float]) -> dict:
+    def dims(per_clip: dict) -> dict:
+        one = {"score": 0.9, "se": None, "n_videos": len(per_clip)}
+        return {
+            "subject_consistency": one | {"per_clip": per_clip},
+            "background_consistency": one | {"per_clip": {v: [0.9] for v in per_clip}},
+        }
+
+    return {
+        "settings": {"mode": "long_custom_input"},
+        "clip_seconds": {"dimensions": {"subject_consistency": seconds}},
+        "variants": {vid: {"dimensions": dims(c), "totals": {}} for vid, c in clips.items()},
+    }
+
+
+@pytest.mark.slow
+def test_vbench_consistency_per_clip_against_the_reference(synthetic):
+    (synthetic / "metrics" / "vbench.json").write_text(json.dumps(_vbench(CLIPS, [1.0])))
+    run = RunDir.open(synthetic)
+    (entry,) = horizon_section(run, build_rows(run))["vbench"]  # background: one clip
+    assert entry["dimension"] == "subject_consistency" and entry["clip_seconds"] == 1.0
+    assert [c["chunks"] for c in entry["clips"]] == [[0, 1], [2, 3]]
+    ref, base = entry["variants"]
+    assert ref["variant"] == "reference" and ref["vs_reference"] is None
+    assert [p["mean"] for p in ref["per_clip"]] == pytest.approx([0.95, 0.95])
+    assert [p["n"] for p in base["per_clip"]] == [4, 3]
+    first, second = base["vs_reference"]
+    assert first["mean"] == pytest.approx(0.0) and first["n"] == 4
+    assert second["mean"] == pytest.approx((-0.05 - 0.06 - 0.04) / 3) and second["n"] == 3
+    lo, hi = second["ci95"]
+    assert lo < second["mean"] < hi < 0  # every video lost consistency in its second clip
+    r = run_in_process("report", synthetic, "--format", "md", cwd=synthetic.parent)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0, r.stderr
+    assert (
+        "VBench subject_consistency per 1-s clip (chunks 0–1, chunks 2–3), INT2 rtn g32: "
+        "0.950 (Δ +0.000 [" in text
+    )
+    assert "0.900 (Δ -0.050 [" in text
+    r = run_in_process("report", synthetic, "--format", "html", cwd=synthetic.parent)
+    assert r.returncode == 0, r.stderr
+    page = (synthetic / "report" / "index.html").read_text()
+    assert "VBench subject_consistency per 1-s clip" in page and "0.900 (Δ -0.050 [" in page
+
+
+@pytest.mark.slow
+def test_vbench_over_time_alone_makes_the_section(synthetic):
+    """A real model has no prompt check, and one seed has no floor: VBench's clips remain."""
+    shutil.rmtree(synthetic / "metrics" / "prompt")
+    shutil.rmtree(synthetic / "metrics" / "floor")
+    two_lengths = _vbench(CLIPS, [2.0, 10.0])  # prompts split at two lengths: no chunk spans
+    (synthetic / "metrics" / "vbench.json").write_text(json.dumps(two_lengths))
+    run = RunDir.open(synthetic)
+    section = horizon_section(run, build_rows(run))
+    assert all(v["divergence"] is None and v["still_valid"] is None for v in section["variants"])
+    (entry,) = section["vbench"]
+    assert entry["clip_seconds"] is None and [c["chunks"] for c in entry["clips"]] == [None] * 2
+    r = run_in_process("report", synthetic, "--format", "md", cwd=synthetic.parent)
+    assert r.returncode == 0 and "per clip (clip 0, clip 1), INT2 rtn g32" in r.stdout
+    r = run_in_process("report", synthetic, "--format", "html", cwd=synthetic.parent)
+    assert r.returncode == 0, r.stderr
+    page = (synthetic / "report" / "index.html").read_text()
+    assert "<h2>Long horizon</h2>" in page and 'id="horizon"' not in page
+    single = {vid: {v: x[:1] for v, x in c.items()} for vid, c in CLIPS.items()}
+    (synthetic / "metrics" / "vbench.json").write_text(json.dumps(_vbench(single, [2.0])))
+    assert horizon_section(run, build_rows(run)) is None  # one clip: nothing over time

@@ -355,6 +355,11 @@ def test_a_resumed_quantize_eval_remakes_and_rescores_what_was_damaged(copied, t
             {"variants": {INT2: {"dimensions": {"d": {"score": "x"}}}}},
             f"variants.{INT2}.dimensions.d: 'score' is not a number",
         ),
+        (
+            "metrics/vbench.json",
+            {"variants": {INT2: {"dimensions": {"d": {"per_clip": {"v-0": [0.9, "x"]}}}}}},
+            f"variants.{INT2}.dimensions.d: 'per_clip.v-0' is not a list of numbers or nulls",
+        ),
     ],
 )
 def test_a_damaged_run_level_file_is_one_error_naming_it(copied, target, fields, needle):
