@@ -105,7 +105,7 @@ def test_temporal_flickering_end_to_end(vbench_env, tmp_path):
         v = doc["variants"][variant]
         tf = v["dimensions"]["temporal_flickering"]
         clips_root = run / "metrics/vbench/long_custom_input" / variant / "videos/split_clip"
-        per_video, all_clips = {}, []
+        per_video, per_clip, all_clips = {}, {}, []
         for video in sorted(clips_root.iterdir()):
             clips = sorted(video.glob("*.mp4"))
             assert len(clips) == 3  # 16 + 16 + (8 + 8 borrowed) frames
@@ -115,11 +115,15 @@ def test_temporal_flickering_end_to_end(vbench_env, tmp_path):
                 assert frames.shape == (2 * FPS, SIZE, SIZE, 3)
                 scores.append(flicker_score(frames))
             per_video[video.name] = float(np.mean(scores))
+            per_clip[video.name] = scores  # in time order: the clips' file names sort so
             all_clips += scores
         assert tf["n_clips"] == 6 and tf["n_videos"] == 2
         # same clip files: VBench decodes with OpenCV, this with PyAV (seen: agree to ~1e-8)
         assert tf["score"] == pytest.approx(np.mean(all_clips), abs=1e-6)
         assert tf["per_video"] == pytest.approx(per_video, abs=1e-6)
+        assert set(tf["per_clip"]) == set(per_clip)
+        for name, scores in per_clip.items():
+            assert tf["per_clip"][name] == pytest.approx(scores, abs=1e-6)
         assert tf["se"] is not None
         assert Path(tf["raw"]).is_file()
         assert v["totals"]["partial"] and "temporal_flickering" not in v["totals"]["missing"]
