@@ -58,8 +58,8 @@ def vbench_over_time(
     run: RunDir, rows: list[ResultRow], doc: dict[str, Any] | None
 ) -> list[dict[str, Any]]:
     """Per dimension of :data:`OVER_TIME` that ``doc`` (``vbench.json``) scored over two clips
-    or more: its clips (index, seconds, chunks) and per variant the clip statistics (module
-    docstring); [] when there is none."""
+    or more: its clip length, its clips (index, the chunks covered) and per variant the clip
+    statistics (module docstring); [] when there is none."""
     if not doc:
         return []
     variants = doc.get("variants") or {}
