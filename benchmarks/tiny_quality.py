@@ -1,7 +1,7 @@
 """How often the tiny model's videos follow their prompts, over the whole video.
 
 python benchmarks/tiny_quality.py [--weights PATH] [--seeds 0,1,2,3] [--prompts FILE|all]
-                                   [--steps 4] [--ctx-noise 0.1]
+                                   [--steps 4] [--ctx-noise 0.1] [--sink 0]
 
 Full-precision generations of every prompt x seed, checked by
 :func:`jbkv_cli.models.tiny.check.check_video` (colour, start of the motion, shape kept in
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--num-chunks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--ctx-noise", type=float, default=0.1)
+    ap.add_argument("--sink", type=int, default=0, help="sink chunks kept besides the window")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "tiny_quality.json"
@@ -45,7 +46,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(
-        weights=args.weights, num_chunks=args.num_chunks, steps=args.steps, ctx_noise=args.ctx_noise
+        weights=args.weights,
+        num_chunks=args.num_chunks,
+        steps=args.steps,
+        ctx_noise=args.ctx_noise,
+        sink=args.sink,
     )
     if args.prompts == "all":
         prompts = [p.text for p in all_prompts()]

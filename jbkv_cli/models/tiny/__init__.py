@@ -8,6 +8,7 @@ loop in :mod:`~jbkv_cli.models.tiny.sampler`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ OPTIONS: dict[str, Spec] = {
     "num_chunks": CHUNKS,
     "steps": STEPS,
     "window": Spec("int", lo=1, hi=MAX_CHUNKS),
+    "sink": Spec("int", lo=0, hi=MAX_CHUNKS),
     "ctx_noise": Spec("float", lo=0, hi=1, hi_open=True),
 }
 
@@ -55,8 +57,10 @@ class TinyVideoModel(VideoModelBase):
         steps: int = 4,
         window: int | None = None,
         ctx_noise: float = 0.1,
+        sink: int = 0,
     ) -> None:
         self.model = load_weights(weights, device)
+        self.sink = sink
         self.device = device
         cfg = self.model.cfg
         settings = SamplerSettings(num_chunks, steps, window or cfg.window, ctx_noise)
@@ -74,6 +78,8 @@ class TinyVideoModel(VideoModelBase):
             "head_dim": cfg.head_dim,
             "weights_sha256": _digest(Path(weights) if weights is not None else DEFAULT_WEIGHTS),
         }
+        if sink:  # absent at 0: a run made before the option has the same settings
+            self.settings["sink"] = sink
 
     def generate(
         self,
@@ -115,8 +121,19 @@ class TinyVideoModel(VideoModelBase):
 
     def resolve_kv(self, kv: KVSpec) -> KVSpec:
         """``kv`` as this model runs it (:meth:`KVSpec.for_model`: QVG's K rule; no upstream
-        cache policy to fill in)."""
-        return kv.for_model(self.name, self.chunk_tokens)
+        cache policy to fill in), with the model's ``sink`` chunks (LongLive-style: the first
+        chunks kept for good at their own positions, besides the ``window`` newest)."""
+        pruner = kv.pruner
+        if self.sink and pruner is not None and pruner.owns_buffer:
+            raise UsageError(
+                f"{pruner.name} keeps its own sink and buffer: it cannot run with sink={self.sink}"
+            )
+        if kv.sink_chunks not in (0, self.sink):
+            raise UsageError(
+                f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {self.sink}"
+            )
+        kv = kv.for_model(self.name, self.chunk_tokens)
+        return replace(kv, sink_chunks=self.sink) if self.sink else kv
 
     def profile_heads(self, prompt: str, seed: int, probe: FrameMassProbe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a
@@ -143,7 +160,7 @@ def check_options(**options: Any) -> dict[str, Any]:
     """The options, canonical (:data:`OPTIONS`: types and bounds; None means the default), or
     the usage error :func:`load_model` would raise for them, and a missing weights file
     refused, without building the model. Defaults: ``num_chunks`` 8, ``steps`` 4, ``window``
-    the trained one (2), ``ctx_noise`` 0.1, ``device`` cpu, the shipped weights."""
+    the trained one (2), ``sink`` 0, ``ctx_noise`` 0.1, ``device`` cpu, the shipped weights."""
     opts = parse_options(OPTIONS, options, "tiny", sep=": ", error=UsageError)
     weights_file(opts.get("weights"))
     return opts

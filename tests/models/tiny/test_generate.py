@@ -101,3 +101,28 @@ def test_training_smoke_run_and_weights_roundtrip(tmp_path) -> None:
     for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert (tmp_path / "tiny.json").is_file()
+
+
+def test_a_sink_keeps_the_first_chunk_besides_the_window() -> None:
+    """``sink=1``: the cache holds chunk 0 for good and the ``window`` newest chunks, so with a
+    window of 1 chunk 2 reads chunks 0 and 1, as a window of 2 does, and chunk 3 reads 0 and 2
+    (known answers: where the cached chunks are the same, so are the frames)."""
+    prompt = "a red circle moves right on a dark background"
+
+    def video(**options):
+        return load_model(num_chunks=5, **options).generate(prompt, 0, KVSpec())
+
+    def chunks(v) -> list[torch.Tensor]:
+        return list(v.frames.float().split(4))
+
+    sink, window1, window2 = video(window=1, sink=1), video(window=1), video(window=2)
+    gap1 = [(a - b).abs().max().item() for a, b in zip(chunks(sink), chunks(window1), strict=True)]
+    gap2 = [(a - b).abs().max().item() for a, b in zip(chunks(sink), chunks(window2), strict=True)]
+    assert max(gap1[:2]) <= 1 and min(gap1[2:]) > 1  # the sink is read from chunk 2 on
+    assert max(gap2[:3]) <= 1 and min(gap2[3:]) > 1  # chunk 3 reads 0 and 2, not 1 and 2
+    assert sink.kv_cache_bytes == window2.kv_cache_bytes == 2 * window1.kv_cache_bytes
+    assert sink.info["sink"] == 1 and "sink" not in window1.info  # old runs' settings unchanged
+    within = video(window=4, sink=1).frames.float() - video(window=4).frames.float()
+    assert within.abs().max() <= 1  # a sink inside the window changes nothing
+    with pytest.raises(JbkvError, match="sink"):
+        load_model(num_chunks=2, sink=1).generate(prompt, 0, KVSpec(sink_chunks=2))
