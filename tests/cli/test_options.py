@@ -120,7 +120,7 @@ def test_every_model_option_has_a_spec():
     from jbkv_cli.models.wan.skyreels_v2.model import OPTIONS as SKYREELS
     from jbkv_cli.models.wan.skyreels_v2.model import PRESETS as SKY_PRESETS
 
-    assert set(TINY) == {"weights", "device", "num_chunks", "steps", "window", "ctx_noise"}
+    assert set(TINY) == {"weights", "device", "num_chunks", "steps", "window", "sink", "ctx_noise"}
     assert {"config", "steps", "num_chunks", "window", "kv_range", "seed"} <= set(MAGI1)
     for presets, options in ((SF_PRESETS, SELF_FORCING), (SKY_PRESETS, SKYREELS)):
         for preset in presets.values():
