@@ -88,33 +88,30 @@ def normalized(dimension: str, score: float) -> float:
     return (score - lo) / (hi - lo) * DIM_WEIGHT[dimension]
 
 
-def video_id(path: str) -> str:
-    """The long video a clip (or a short video) belongs to.
+def _clip_location(path: str) -> tuple[str, str]:
+    """(the long video, the clip's file stem) of a detailed entry's path.
 
     Clips live in ``.../split_clip/<video>/<video>_NNN.mp4`` (VBench-Long; some detailed lists
     carry odd keys below that folder), static-filtered clips in ``.../filtered_clips/<video>_NNN.mp4``,
     and short-mode entries are the videos themselves.
     """
-    parts = PurePath(path).parts
+    parts, stem = PurePath(path).parts, PurePath(path).stem
     if "split_clip" in parts:
         i = len(parts) - 1 - parts[::-1].index("split_clip")
         if i + 1 < len(parts):
-            return parts[i + 1]
-    stem = PurePath(path).stem
-    return _CLIP_SUFFIX.sub("", stem)
+            return parts[i + 1], PurePath(parts[i + 2]).stem if i + 2 < len(parts) else stem
+    return _CLIP_SUFFIX.sub("", stem), stem
+
+
+def video_id(path: str) -> str:
+    """The long video a clip (or a short video) belongs to (:func:`_clip_location`)."""
+    return _clip_location(path)[0]
 
 
 def clip_index(path: str) -> int:
-    """A clip's place in its long video: ``NNN`` of ``<video>_NNN.mp4`` (the odd keys below
-    ``split_clip/<video>/`` included, :func:`video_id`); 0 for a whole video (short modes, or
-    ``_full``: a video shorter than one clip)."""
-    parts = PurePath(path).parts
-    name = PurePath(path).stem
-    if "split_clip" in parts:
-        i = len(parts) - 1 - parts[::-1].index("split_clip")
-        if i + 2 < len(parts):
-            name = PurePath(parts[i + 2]).stem
-    m = _CLIP_SUFFIX.search(name)
+    """A clip's place in its long video: ``NNN`` of ``<video>_NNN.mp4``; 0 for a whole video
+    (short modes, or ``_full``: a video shorter than one clip)."""
+    m = _CLIP_SUFFIX.search(_clip_location(path)[1])
     return int(m.group(1)) if m and m.group(1).isdigit() else 0
 
 
