@@ -65,7 +65,6 @@ def sampled(model: TinyDiT, b: dict, gen: torch.Generator, steps: int = 4, ctx: 
     tc = torch.full((bsz, n - 1), ctx)
     clean = (1 - ctx) * x0[:, :-1] + ctx * torch.randn(x0[:, :-1].shape, generator=gen)
     x = torch.randn(x0.shape, generator=gen)
-    pred = x
     grid = [1.0 - k / steps for k in range(steps + 1)]
     for t, t_next in pairwise(grid):
         pred = model.forward_train(clean, x, tc, torch.full((bsz, n), t), b["words"])

@@ -38,7 +38,7 @@ from jbkv_cli.report.drift import drift_series
 from jbkv_cli.report.horizon import delay_text, divergence_text, marks
 from jbkv_cli.report.results import ResultRow, Stat
 from jbkv_cli.report.table import format_stat, lpips_note, megabytes, table_cells
-from jbkv_cli.report.vbench_time import clip_cell, clip_label
+from jbkv_cli.report.vbench_time import clip_label, title, variant_cells
 from jbkv_cli.run.directory import RunDir, video_name
 from jbkv_cli.utils.atomic import atomic_path, write_text_atomic
 from jbkv_cli.utils.errors import JbkvError
@@ -465,14 +465,10 @@ def _over_time_html(entry: dict[str, Any]) -> str:
     head = "".join(f'<th scope="col">{_e(clip_label(c))}</th>' for c in entry["clips"])
     body = []
     for v in entry["variants"]:
-        diffs = v["vs_reference"] or [None] * len(v["per_clip"])
-        tds = "".join(
-            f"<td>{_e(clip_cell(p, d))}</td>" for p, d in zip(v["per_clip"], diffs, strict=True)
-        )
+        tds = "".join(f"<td>{_e(cell)}</td>" for cell in variant_cells(v))
         body.append(f'<tr><td class="text">{_bdi(v["label"])}</td>{tds}</tr>')
-    length = f"{entry['clip_seconds']:g}-s " if entry["clip_seconds"] else ""
     return (
-        f"<details open><summary>VBench {_e(entry['dimension'])} per {length}clip: mean over "
+        f"<details open><summary>{_e(title(entry))}: mean over "
         "videos; Δ: paired against the reference's same clip, 95% CI</summary>"
         f'<table class="drift"><thead><tr><th class="text">variant</th>{head}</tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></details>"

@@ -76,7 +76,8 @@ def vbench_over_time(
         if count < 2:
             continue
         seconds = lengths.get(dim) or []
-        span = _spans(run, count, seconds[0]) if len(seconds) == 1 else None
+        one = seconds[0] if len(seconds) == 1 else None  # prompts cut at two lengths: no spans
+        span = _spans(run, count, one) if one else None
         ref = clips.get(reference)
         entries = []
         for r in rows:
@@ -98,7 +99,7 @@ def vbench_over_time(
         out.append(
             {
                 "dimension": dim,
-                "clip_seconds": seconds[0] if len(seconds) == 1 else None,
+                "clip_seconds": one,
                 "clips": [
                     {"clip": k, "chunks": None if span is None else span[k]} for k in range(count)
                 ],
@@ -145,17 +146,21 @@ def over_time_lines(entries: list[dict[str, Any]]) -> list[str]:
     lines = []
     for e in entries:
         clips = ", ".join(clip_label(c) for c in e["clips"])
-        length = f"{e['clip_seconds']:g}-s " if e["clip_seconds"] else ""
         for v in e["variants"]:
-            cells = [
-                clip_cell(p, None if v["vs_reference"] is None else v["vs_reference"][k])
-                for k, p in enumerate(v["per_clip"])
-            ]
-            lines.append(
-                f"VBench {e['dimension']} per {length}clip ({clips}), {v['label']}: "
-                + ", ".join(cells)
-            )
+            lines.append(f"{title(e)} ({clips}), {v['label']}: " + ", ".join(variant_cells(v)))
     return lines
+
+
+def title(entry: dict[str, Any]) -> str:
+    """``VBench subject_consistency per 2-s clip`` (no length when the clips have two)."""
+    length = f"{entry['clip_seconds']:g}-s " if entry["clip_seconds"] else ""
+    return f"VBench {entry['dimension']} per {length}clip"
+
+
+def variant_cells(variant: dict[str, Any]) -> list[str]:
+    """One variant's :func:`clip_cell` per clip."""
+    diffs = variant["vs_reference"] or [None] * len(variant["per_clip"])
+    return [clip_cell(p, d) for p, d in zip(variant["per_clip"], diffs, strict=True)]
 
 
 def clip_label(clip: dict[str, Any]) -> str:
