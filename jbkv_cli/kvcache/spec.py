@@ -96,6 +96,15 @@ class KVSpec:
         if both and _at_bits(self.value, self.key.bits) != self.key:
             raise ValueError("a per-layer spec stores keys and values with one method")
 
+    def with_sink(self, sink: int) -> KVSpec:
+        """This spec with a model's ``sink`` chunks (its first chunks kept for good besides
+        the window); ``ValueError`` when the spec already asks for another number."""
+        if self.sink_chunks not in (0, sink):
+            raise ValueError(
+                f"the KV spec asks for {self.sink_chunks} sink chunk(s), the model for {sink}"
+            )
+        return replace(self, sink_chunks=sink) if sink else self
+
     def at_layer(self, layer: int) -> KVSpec:
         """The plain spec of attention layer ``layer``: its methods bound to the layer
         (:meth:`~jbkv_cli.quant.method.KVMethod.at_layer`: a KVQuant calibration's tables;

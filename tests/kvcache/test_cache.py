@@ -165,3 +165,11 @@ def test_residual_tokens_stay_exact_then_are_compressed_once():
     exact_bytes = 2 * 24 * 2 * 64 * 4  # k and v, 24 tokens, 2 heads, 64 channels, float32
     packed = 2 * 24 * 2 * (64 * 2 // 8 + 2 * (1 + 2))  # codes + FP8 step + BF16 zero per group
     assert cache.nbytes == exact_bytes + packed
+
+
+def test_a_models_sink_joins_a_spec_that_asks_for_none_or_the_same():
+    spec = KVSpec.build("rtn", 2)
+    assert spec.with_sink(0) is spec and spec.with_sink(2).sink_chunks == 2
+    assert spec.with_sink(2).with_sink(2).sink_chunks == 2
+    with pytest.raises(ValueError, match="asks for 2 sink chunk"):
+        spec.with_sink(2).with_sink(1)

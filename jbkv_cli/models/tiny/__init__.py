@@ -8,7 +8,6 @@ loop in :mod:`~jbkv_cli.models.tiny.sampler`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,12 +127,7 @@ class TinyVideoModel(VideoModelBase):
             raise UsageError(
                 f"{pruner.name} keeps its own sink and buffer: it cannot run with sink={self.sink}"
             )
-        if kv.sink_chunks not in (0, self.sink):
-            raise UsageError(
-                f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {self.sink}"
-            )
-        kv = kv.for_model(self.name, self.chunk_tokens)
-        return replace(kv, sink_chunks=self.sink) if self.sink else kv
+        return kv.for_model(self.name, self.chunk_tokens).with_sink(self.sink)
 
     def profile_heads(self, prompt: str, seed: int, probe: FrameMassProbe) -> None:
         """Generate ``prompt`` with the full-precision cache while ``probe`` (a

@@ -367,13 +367,7 @@ class SelfForcing(WanHeads, VideoModelBase):
     def cache_spec(self, kv: KVSpec) -> KVSpec:
         """``kv`` as this model runs it (:meth:`resolve_kv`), with its attention sinks
         (``sink`` chunks) unless it sets its own."""
-        sink = self.config.sink
-        if kv.sink_chunks not in (0, sink):
-            raise JbkvError(
-                f"the KV spec asks for {kv.sink_chunks} sink chunk(s), the model for {sink}"
-            )
-        kv = self.resolve_kv(kv)
-        return replace(kv, sink_chunks=sink) if sink else kv
+        return self.resolve_kv(kv).with_sink(self.config.sink)
 
     # ----------------------------------------------------------------------- the loop
 
