@@ -86,6 +86,7 @@ browser:
 
 tiny-weights: $(STAMP)
 	$(BIN)/python -m jbkv_cli.models.tiny.train --out jbkv_cli/models/tiny/weights/tiny.safetensors --seed 0
+	$(BIN)/python -m jbkv_cli.models.tiny.train --out jbkv_cli/models/tiny/weights/tiny-long.safetensors --seed 0 --stages 3 --init jbkv_cli/models/tiny/weights/tiny.safetensors
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

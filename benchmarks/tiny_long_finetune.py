@@ -14,101 +14,45 @@ the wall the shape started from every ~9 chunks, which 8-chunk videos never reac
   training sees context with the model's own errors, as a rollout's cache holds, against clean
   targets (seeds 300 and 301);
 - ``sampled-context``: as ``own-context``, but each context chunk is sampled as generation makes
-  it (4 Euler steps from noise, given the true previous chunks at context noise 0.1; a clip's
-  first chunk stays the truth, having no context to be sampled from): the cache's errors of one
-  generated chunk, not of a one-step prediction (600 steps: 1,844 s on one thread).
+  it (``train.sampled_context``: 4 Euler steps from noise, given the true previous chunks at
+  context noise 0.1; a clip's first chunk stays the truth, having no context to be sampled
+  from): the cache's errors of one generated chunk, not of a one-step prediction (600 steps:
+  1,844 s on one thread). This is stage 3 of ``train.RECIPE`` (1200 steps), here with the
+  seeds 300 and 301 it was measured with; the shipped ``tiny-long.safetensors`` is the
+  recipe's, seeded 200 and 201 from seed 0.
 
-None is shipped (numbers in docs/models.md). ``sampled-context`` is the one that keeps the fp32
-reference valid for longer than the shipped weights by more than the noise of 40 videos; with
-``--steps 1200`` it keeps 90% valid after 64 chunks and 87.5% after 128 (the shipped weights:
-77.5% and 55%).
+Measured (docs/models.md): ``sampled-context`` is the one that keeps the fp32 reference valid for
+longer than the shipped weights by more than the noise of 40 videos; with ``--steps 1200`` it
+keeps 90% valid after 64 chunks and 87.5% after 128 (the shipped default weights: 77.5% and 55%).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import time
 from dataclasses import replace
-from itertools import pairwise
 from pathlib import Path
 
 import torch
 
 from jbkv_cli.models.tiny.model import TinyDiT
-from jbkv_cli.models.tiny.train import TrainConfig, lr_at, make_batch, train
+from jbkv_cli.models.tiny.train import RECIPE, train
 from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
 
-LONG = TrainConfig(steps=600, lr=3e-4, warmup=20, max_offset=12)
+SAMPLED = replace(RECIPE[2], steps=600)  # the recipe's stage 3 at the variants' length
+LONG = replace(SAMPLED, context="true")
 VARIANTS = ("long-clips", "ctx-noise", "own-context", "sampled-context")
 
 
 @torch.no_grad()
-def one_step(model: TinyDiT, b: dict, gen: torch.Generator, noise: tuple[float, float]):
-    """Each chunk's x0 predicted in one step from the truth noised to ``t ~ U(noise)``."""
+def one_step(model: TinyDiT, b: dict, gen: torch.Generator) -> torch.Tensor:
+    """Each chunk's x0 predicted in one step from the truth noised to ``t ~ U(0.25, 0.5)``."""
     x0 = b["x0"]
-    lo, hi = noise
-    t = lo + (hi - lo) * torch.rand(x0.shape[:2], generator=gen)
+    t = 0.25 + 0.25 * torch.rand(x0.shape[:2], generator=gen)
     noised = (1 - t[..., None, None]) * x0 + t[..., None, None] * torch.randn(
         x0.shape, generator=gen
     )
     return model.forward_train(noised, None, t, None, b["words"])
-
-
-@torch.no_grad()
-def sampled(model: TinyDiT, b: dict, gen: torch.Generator, steps: int = 4, ctx: float = 0.1):
-    """Each chunk sampled as generation does (``steps`` Euler steps from noise), given the
-    true previous chunks at context noise ``ctx``; a clip's first chunk stays the truth."""
-    x0 = b["x0"]
-    bsz, n = x0.shape[:2]
-    tc = torch.full((bsz, n - 1), ctx)
-    clean = (1 - ctx) * x0[:, :-1] + ctx * torch.randn(x0[:, :-1].shape, generator=gen)
-    x = torch.randn(x0.shape, generator=gen)
-    grid = [1.0 - k / steps for k in range(steps + 1)]
-    for t, t_next in pairwise(grid):
-        pred = model.forward_train(clean, x, tc, torch.full((bsz, n), t), b["words"])
-        x = pred + (t_next / t) * (x - pred)
-    pred[:, 0] = x0[:, 0]
-    return pred
-
-
-def own_context(init: TinyDiT, tc: TrainConfig, context) -> TinyDiT:
-    """``tc``'s schedule with each clip's context replaced by ``context(model, batch, gen)``,
-    the training model's own version of it (module docstring); returns the EMA weights."""
-    torch.manual_seed(300)
-    model = copy.deepcopy(init).requires_grad_(True).train()
-    ema = copy.deepcopy(model).requires_grad_(False)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "words" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "words" not in n)]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": rest, "weight_decay": 0}],
-        lr=tc.lr,
-        betas=(0.9, 0.99),
-    )
-    gen = torch.Generator().manual_seed(301)
-    for step in range(tc.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, tc)
-        b = make_batch(model.cfg, tc, gen)
-        x0, t_ctx = b["x0"], b["t_ctx"]
-        own = context(model, b, gen)
-        eps = torch.randn(x0.shape, generator=gen)
-        clean = (1 - t_ctx[..., None, None]) * own + t_ctx[..., None, None] * eps
-        pred = model.forward_train(clean[:, :-1], b["noisy"], t_ctx[:, :-1], b["t"], b["words"])
-        per_chunk = (pred - x0).square().mean((2, 3))
-        loss = (per_chunk * b["weight"]).sum() / b["weight"].sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        with torch.no_grad():
-            d = min(tc.ema, (1 + step) / (10 + step))
-            for pe, pm in zip(ema.parameters(), model.parameters(), strict=True):
-                pe.lerp_(pm, 1 - d)
-        if (step + 1) % 50 == 0:
-            print(json.dumps({"step": step + 1, "loss": round(loss.item(), 6)}), flush=True)
-    return ema.eval()
 
 
 def main() -> None:
@@ -118,17 +62,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=LONG.steps)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     init = load_weights()
-    long = replace(LONG, steps=args.steps)
+    tc = replace(LONG, steps=args.steps, threads=args.threads)
     start = time.time()
     if args.variant == "own-context":
-        model = own_context(init, long, lambda m, b, g: one_step(m, b, g, (0.25, 0.5)))
+        tc = replace(tc, context="one-step")
+        model, _ = train(init.cfg, tc, seed=300, log_every=50, init=init, context_fn=one_step)
     elif args.variant == "sampled-context":
-        model = own_context(init, long, sampled)
+        tc = replace(tc, context="sampled")
+        model, _ = train(init.cfg, tc, seed=300, log_every=50, init=init)
     else:
-        noise = 0.4 if args.variant == "ctx-noise" else LONG.ctx_noise_max
-        tc = replace(long, ctx_noise_max=noise, threads=args.threads)
+        tc = replace(tc, ctx_noise_max=0.4 if args.variant == "ctx-noise" else tc.ctx_noise_max)
         model, _ = train(init.cfg, tc, seed=200, log_every=50, init=init)
     seconds = round(time.time() - start, 1)
     save_weights(

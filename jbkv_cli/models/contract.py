@@ -252,6 +252,9 @@ class ModelEntry:
     - ``plan_options``: options ``jbkv plan`` builds the model with unless the user sets them,
       ones that leave every byte of the plan where it is and make it faster (the fewest
       denoising steps: every step runs forwards of the same shapes; tested per model).
+    - ``horizon_options``: options ``quantize-eval --horizon`` runs the model with unless the
+      user sets them (the tiny model: its long-rollout weights, whose reference stays valid
+      over the preset's rollout).
     - ``plan_blocks(model)``: the adapter's stack of transformer blocks (a ``ModuleList``), which
       ``jbkv plan`` traces with few middle blocks and extrapolates to the real depth
       (:mod:`jbkv_cli.plan.depth`); the model must count its layers as ``len`` of this list
@@ -268,4 +271,5 @@ class ModelEntry:
     plan_model: LoadModel | None = None
     sample_case: SampleCase | None = None
     plan_options: Mapping[str, Any] = field(default_factory=dict)
+    horizon_options: Mapping[str, Any] = field(default_factory=dict)
     plan_blocks: Callable[[Any], Any] | None = None

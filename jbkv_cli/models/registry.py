@@ -84,6 +84,12 @@ def check_cases(name: str, cases: Iterable[Case], **options: Any) -> None:
     check_prompts(name, [text_case(c, name).prompt for c in cases])
 
 
+def horizon_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with model ``name``'s ``horizon_options`` under them (``--horizon``: the
+    user's options win)."""
+    return {**entry(name).horizon_options, **options}
+
+
 def input_paths(name: str, **options: Any) -> dict[str, Path]:
     """Role -> the file or folder model ``name`` reads with ``options`` (its entry's
     ``input_paths``)."""

@@ -57,3 +57,26 @@ def test_quantize_eval_checks_every_model_before_the_first_runs(tmp_path):
         "error: self-forcing: steps must be an integer in 1..1000, got '0'"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_horizon_options_sit_under_the_users():
+    """``--horizon`` runs the tiny model on its long-rollout weights unless weights are given;
+    a model without horizon options keeps the user's exactly."""
+    from jbkv_cli.models.tiny.weights_io import LONG_WEIGHTS
+
+    assert registry.horizon_options("tiny", {"device": "cpu"}) == {
+        "weights": str(LONG_WEIGHTS),
+        "device": "cpu",
+    }
+    assert registry.horizon_options("tiny", {"weights": "w"}) == {"weights": "w"}
+    assert registry.horizon_options("self-forcing", {"steps": "2"}) == {"steps": "2"}
+    registry.check_options("tiny", **registry.horizon_options("tiny", {}))  # the file ships
+
+
+def test_horizon_with_weights_given_reads_those(tmp_path):
+    """Through the installed jbkv: the user's --weights win over the preset's."""
+    missing = tmp_path / "mine.safetensors"
+    r = run_jbkv("quantize-eval", "--horizon", "--weights", missing, "--out", "o", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines()[-1].startswith(f"error: tiny model weights not found at {missing}")
+    assert not (tmp_path / "o").exists()

@@ -5,6 +5,7 @@ fraction, the paired delay and gain), in every report format."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from jbkv_cli.metrics.psnr import PSNR_CAP_DB
 from jbkv_cli.models.tiny import TinyVideoModel
+from jbkv_cli.models.tiny.weights_io import LONG_WEIGHTS
 from jbkv_cli.report.horizon import horizon_section, still_valid
 from jbkv_cli.report.table import HORIZON_CSV, build_rows
 from jbkv_cli.run.directory import RunDir
@@ -91,6 +93,8 @@ def synthetic(horizon_run, tmp_path) -> Path:
 def test_quantize_eval_horizon_stores_checks_and_floors_and_reports_them(horizon_run):
     manifest = json.loads((horizon_run / "manifest.json").read_text())
     assert manifest["seeds"] == [0, 1] and manifest["settings"]["num_chunks"] == 4
+    long = hashlib.sha256(LONG_WEIGHTS.read_bytes()).hexdigest()[:16]  # the preset's weights
+    assert manifest["settings"]["weights_sha256"] == long
     metrics = horizon_run / "metrics"
     for vid in ("reference", BASE, CORR):  # every video checked against its prompt
         names = sorted(p.stem for p in (metrics / "prompt" / vid).glob("*.json"))

@@ -22,7 +22,7 @@ from jbkv_cli.cli.groups import (
 from jbkv_cli.cli.options import choices, print_gate_outcome
 from jbkv_cli.cli.outputs import check_output_file
 from jbkv_cli.cli.variants import CacheFlags, SweepFlags, profile_paths
-from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS
+from jbkv_cli.models.registry import DEFAULT_MODEL, MODELS, horizon_options
 from jbkv_cli.report.job import (
     FORMATS,
     LLM,
@@ -317,8 +317,9 @@ def quantize_eval(
         typer.Option(
             "--horizon",
             help=f"The long-horizon preset: --num-chunks {HORIZON_CHUNKS} and --seeds "
-            f"{HORIZON_SEEDS} unless given (two seeds measure the floor); the report's horizon "
-            "section (docs/report.md).",
+            f"{HORIZON_SEEDS} unless given (two seeds measure the floor), the tiny model's "
+            "long-rollout weights unless --weights; the report's horizon section "
+            "(docs/report.md).",
         ),
     ] = False,
     flags: ModelFlags = ModelFlags(),
@@ -332,6 +333,8 @@ def quantize_eval(
     for name in names:
         check_model(name)
     model_opts = {name: flags.options(name) for name in names}
+    if horizon:  # a model's own long-rollout options (the tiny model's weights) unless given
+        model_opts = {name: horizon_options(name, opts) for name, opts in model_opts.items()}
     work = {name: inputs.items(name, model_opts[name]) for name in names}
     if plan:  # the grid's predicted GPU memory, nothing generated (docs/plan.md)
         _print_plans(names, specs, model_opts, work)
@@ -395,7 +398,8 @@ def quantize_eval(
 
 def horizon_preset(flags: ModelFlags, inputs: Inputs) -> tuple[ModelFlags, Inputs]:
     """``--horizon``: a long rollout and two seeds, each unless given. One seed given: a
-    warning (the report has no floor, so no time to divergence)."""
+    warning (the report has no floor, so no time to divergence). The models' own options
+    follow (:func:`~jbkv_cli.models.registry.horizon_options`)."""
     from dataclasses import replace
 
     from jbkv_cli.cli.options import parse_seeds

@@ -22,7 +22,12 @@ from jbkv_cli.models.contract import ModelEntry, VideoModelBase
 from jbkv_cli.models.limits import CHUNKS, DEVICE, MAX_CHUNKS, PATH, STEPS
 from jbkv_cli.models.tiny.data import parse_prompt
 from jbkv_cli.models.tiny.sampler import SamplerSettings, draw_noise, sample
-from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, weights_file
+from jbkv_cli.models.tiny.weights_io import (
+    DEFAULT_WEIGHTS,
+    LONG_WEIGHTS,
+    load_weights,
+    weights_file,
+)
 from jbkv_cli.utils.errors import UsageError
 from jbkv_cli.utils.fields import Spec, parse_options
 
@@ -187,6 +192,7 @@ ENTRY = ModelEntry(
     check_prompt=check_prompt,
     plan_model=plan_model,
     plan_options={"steps": 1},
+    horizon_options={"weights": str(LONG_WEIGHTS)},  # RECIPE's stage 3: valid for longer
     plan_blocks=lambda model: model.model.blocks,
 )
 

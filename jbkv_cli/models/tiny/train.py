@@ -1,6 +1,7 @@
 """Train the tiny model from a seed on the CPU.
 
     python -m jbkv_cli.models.tiny.train --out PATH --seed 0 [--stages 1,2] [--init WEIGHTS]
+    python -m jbkv_cli.models.tiny.train --out LONG --seed 0 --stages 3 --init PATH
 
 Each step renders a batch of fresh procedural clips of ``window + 2`` chunks and trains every
 chunk at once with one block-causal forward over a clean copy and a noisy copy of the clip
@@ -12,10 +13,13 @@ AdamW, linear warm-up then cosine decay, gradient clipping, an EMA of the weight
 Clips are cut at a random chunk offset of a longer rendered video, so training covers the whole
 default video (the start, the bounce off the far wall, the way back) and not only its first
 chunks; half the noise levels sit on the sampler's grid ``1, 3/4, 1/2, 1/4``, where generation
-evaluates the model. The shipped weights come from the two stages of :data:`RECIPE` (the second
-a short fine-tune that trains the first chunk, made from the prompt alone, more often).
+evaluates the model. The shipped weights come from the first two stages of :data:`RECIPE` (the
+second a short fine-tune that trains the first chunk, made from the prompt alone, more often);
+the shipped long-rollout weights (``tiny-long.safetensors``, what ``quantize-eval --horizon``
+runs) from its third, which trains on the model's own sampled context.
 Training is deterministic given the seed (single process, fixed threads); ``--init`` starts
-from existing weights (``--stages 2 --init stage1.safetensors`` resumes after stage 1);
+from existing weights (``--stages 2 --init stage1.safetensors`` resumes after stage 1, and a
+run that starts after stage 1 needs it);
 ``--minutes`` only caps the wall time per stage (then fewer steps run, and the log says so).
 """
 
@@ -28,6 +32,8 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -57,6 +63,8 @@ class TrainConfig:
     grid_prob: float = 0.5  # share of noise levels drawn from the sampler's grid 1, 1-1/S, ..
     grid_steps: int = 4  # S
     start_prob: float = 0.25  # extra share of clips that start with the video (offset 0)
+    context: str = "true"  # the context copy: the clip's true chunks, or "sampled" (see train)
+    sampled_ctx_noise: float = 0.1  # "sampled": context noise of the truth it samples from
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -109,6 +117,35 @@ def make_batch(cfg: TinyConfig, tc: TrainConfig, gen: torch.Generator) -> dict[s
     }
 
 
+ContextFn = Callable[[TinyDiT, dict[str, torch.Tensor], torch.Generator], torch.Tensor]
+"""``(training model, batch, generator) -> x0-like chunks`` that replace a batch's context."""
+
+
+@torch.no_grad()
+def sampled_context(
+    model: TinyDiT,
+    b: dict[str, torch.Tensor],
+    gen: torch.Generator,
+    steps: int = 4,
+    ctx: float = 0.1,
+) -> torch.Tensor:
+    """Each chunk of the batch's clips as generation makes it: ``steps`` Euler steps
+    ``x <- x0_hat + (t'/t)(x - x0_hat)`` on the grid ``1, 1 - 1/steps, .., 0`` from fresh noise,
+    given the clip's true previous chunks at context noise ``ctx``; the last ``x0_hat`` of each
+    chunk. A clip's first chunk stays the truth (it has no context to be sampled from)."""
+    x0 = b["x0"]
+    bsz, n = x0.shape[:2]
+    t_ctx = torch.full((bsz, n - 1), ctx)
+    clean = (1 - ctx) * x0[:, :-1] + ctx * torch.randn(x0[:, :-1].shape, generator=gen)
+    x = torch.randn(x0.shape, generator=gen)
+    grid = [1.0 - k / steps for k in range(steps + 1)]
+    for t, t_next in pairwise(grid):
+        pred = model.forward_train(clean, x, t_ctx, torch.full((bsz, n), t), b["words"])
+        x = pred + (t_next / t) * (x - pred)
+    pred[:, 0] = x0[:, 0]
+    return pred
+
+
 def train(
     cfg: TinyConfig,
     tc: TrainConfig,
@@ -119,8 +156,19 @@ def train(
     checkpoint: Callable[[TinyDiT, int], None] | None = None,
     checkpoint_every: int = 50,
     init: TinyDiT | None = None,
+    context_fn: ContextFn | None = None,
 ) -> tuple[TinyDiT, dict]:
-    """Train from scratch, or from ``init``'s weights; returns the EMA model and a JSON-able log."""
+    """Train from scratch, or from ``init``'s weights; returns the EMA model and a JSON-able log.
+
+    With ``tc.context == "sampled"`` each step's context copy is the training model's own
+    sample of every chunk (:func:`sampled_context`, no gradient through it), context-noised as
+    usual: training then sees the errors a rollout's cache holds, against clean targets.
+    ``context_fn`` replaces the context the same way by another function (``tc.context`` then
+    only labels it in the log)."""
+    if context_fn is None and tc.context == "sampled":
+        context_fn = partial(sampled_context, steps=tc.grid_steps, ctx=tc.sampled_ctx_noise)
+    elif context_fn is None and tc.context != "true":
+        raise ValueError(f"context must be 'true' or 'sampled', not {tc.context!r}")
     torch.set_num_threads(tc.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(seed)
@@ -152,8 +200,13 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
         b = make_batch(cfg, tc, gen)
+        clean = b["clean"]
+        if context_fn is not None:
+            own = context_fn(model, b, gen)
+            t_ctx = b["t_ctx"][..., None, None]
+            clean = (1 - t_ctx) * own + t_ctx * torch.randn(own.shape, generator=gen)
         pred = model.forward_train(
-            b["clean"][:, :-1], b["noisy"], b["t_ctx"][:, :-1], b["t"], b["words"]
+            clean[:, :-1], b["noisy"], b["t_ctx"][:, :-1], b["t"], b["words"]
         )
         per_chunk = (pred - b["x0"]).square().mean((2, 3))
         loss = (per_chunk * b["weight"]).sum() / b["weight"].sum()
@@ -205,12 +258,16 @@ def train(
 RECIPE: tuple[TrainConfig, ...] = (
     TrainConfig(),
     TrainConfig(steps=600, lr=3e-4, warmup=20, start_prob=0.5),
+    TrainConfig(steps=1200, lr=3e-4, warmup=20, max_offset=12, context="sampled"),
 )
 """The shipped weights' training. Stage 1: clips cut anywhere in the first 8 chunks, a quarter of
 them forced to start with the video, since the first chunk (made from the prompt alone) is
 trained only in clips cut at offset 0. Stage 2: a short fine-tune at a lower learning rate
-with half the clips starting with the video. Stage ``k`` starts from stage ``k-1``'s EMA
-weights and seeds its data with ``seed + 100 (k - 1)``."""
+with half the clips starting with the video. Stage 3 (the long-rollout weights, not the
+default ones): clips cut anywhere in 16-chunk videos, so a rollout's bounce off the wall it
+started from is seen, and the context sampled by the training model itself
+(:func:`sampled_context`), so the errors its own chunks carry into the cache are seen. Stage
+``k`` starts from stage ``k-1``'s EMA weights and seeds its data with ``seed + 100 (k - 1)``."""
 
 
 def run_recipe(
@@ -256,7 +313,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="output .safetensors path")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--stages", default="1,2", help="stages of the recipe to run (default: all)")
+    ap.add_argument(
+        "--stages",
+        default="1,2",
+        help="stages of the recipe to run (1,2: tiny.safetensors; 3 from it: tiny-long)",
+    )
     ap.add_argument("--init", type=Path, default=None, help="start from these weights")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--minutes", type=float, default=None, help="wall-time cap per stage")
@@ -267,6 +328,13 @@ def main(argv: list[str] | None = None) -> None:
         stages = []
     if not stages or any(not 1 <= s <= len(RECIPE) for s in stages):
         ap.error(f"--stages takes a comma list of numbers in 1..{len(RECIPE)}")
+    if stages != list(range(stages[0], stages[-1] + 1)):
+        ap.error("--stages must be consecutive and in order (each starts from the one before)")
+    if stages[0] > 1 and args.init is None:
+        ap.error(
+            f"--stages {args.stages} starts after stage 1: give --init (stage "
+            f"{stages[0] - 1}'s weights)"
+        )
     if args.threads < 1:
         ap.error("--threads must be >= 1")
     try:

@@ -12,6 +12,7 @@ from jbkv_cli.models.tiny.model import TinyConfig, TinyDiT
 from jbkv_cli.utils.errors import JbkvError, WeightsNotFoundError
 
 DEFAULT_WEIGHTS = Path(__file__).parent / "weights" / "tiny.safetensors"
+LONG_WEIGHTS = DEFAULT_WEIGHTS.with_name("tiny-long.safetensors")  # RECIPE's stage 3
 
 
 def save_weights(model: TinyDiT, path: Path, log: dict) -> None:
@@ -32,9 +33,10 @@ def weights_file(path: Path | str | None = None) -> Path:
     if problem is not None:
         raise JbkvError(f"tiny model weights {problem}")
     if not path.is_file():
+        stage3 = f" --stages 3 --init {DEFAULT_WEIGHTS}" if path == LONG_WEIGHTS else ""
         raise WeightsNotFoundError(
             f"tiny model weights not found at {path}; train them with "
-            f"`python -m jbkv_cli.models.tiny.train --out {path}`"
+            f"`python -m jbkv_cli.models.tiny.train --out {path}{stage3}`"
         )
     return path
 

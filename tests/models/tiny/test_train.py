@@ -1,5 +1,5 @@
 """The training recipe in small: clips cut mid-video, noise levels on the sampler's grid,
-determinism, argument errors and a short smoke run."""
+determinism, the sampled context of stage 3, argument errors and a short smoke run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,13 @@ import torch
 from jbkv_cli.models.tiny import train as train_mod
 from jbkv_cli.models.tiny.data import DataConfig, random_prompts, render
 from jbkv_cli.models.tiny.model import TinyConfig, patchify
-from jbkv_cli.models.tiny.train import TrainConfig, make_batch, run_recipe, train
+from jbkv_cli.models.tiny.train import (
+    TrainConfig,
+    make_batch,
+    run_recipe,
+    sampled_context,
+    train,
+)
 from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
 
 CFG = TinyConfig(depth=1, window=1, frames_per_chunk=1)
@@ -77,7 +83,9 @@ def test_start_prob_makes_more_clips_start_with_the_video() -> None:
 
 def test_cli_rejects_bad_arguments(tmp_path) -> None:
     missing = str(tmp_path / "missing.safetensors")
-    for bad in (["--stages", "3"], ["--stages", "x"], ["--threads", "0"], ["--init", missing]):
+    bads = (["--stages", "4"], ["--stages", "x"], ["--threads", "0"], ["--init", missing])
+    bads += (["--stages", "1,3"], ["--stages", "2,1"], ["--stages", "3"])  # 3 needs --init
+    for bad in bads:
         with pytest.raises(SystemExit):
             train_mod.main(["--out", str(tmp_path / "w.safetensors"), *bad])
     assert not (tmp_path / "w.safetensors").exists()
@@ -87,3 +95,67 @@ def test_smoke_run_and_log() -> None:
     _, log = train(CFG, SMALL, seed=0, log_every=1)
     assert log["steps"] == 3 and len(log["history"]) == 3
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in log["history"])
+
+
+def test_sampled_context_reads_only_the_true_chunks_before_each_chunk() -> None:
+    """Chunk k is sampled given the truth of chunks < k: the first chunk is the truth itself,
+    changing the last chunk's truth changes nothing, changing chunk 1's changes chunks >= 2."""
+    model = load_weights()  # trained: a random model's zero-initialised output reads nothing
+    b = make_batch(model.cfg, replace(SMALL, extra_chunks=2), torch.Generator().manual_seed(1))
+
+    def run(x0: torch.Tensor) -> torch.Tensor:
+        return sampled_context(model, {**b, "x0": x0}, torch.Generator().manual_seed(2), steps=3)
+
+    base = run(b["x0"])
+    assert base.shape == b["x0"].shape and torch.equal(base[:, 0], b["x0"][:, 0])
+    last = b["x0"].clone()
+    last[:, -1] += 1.0
+    torch.testing.assert_close(run(last), base, rtol=0, atol=1e-6)
+    second = b["x0"].clone()
+    second[:, 1] += 1.0
+    moved = run(second)
+    torch.testing.assert_close(moved[:, :2], base[:, :2], rtol=0, atol=1e-6)
+    assert (moved[:, 2:] - base[:, 2:]).abs().amax() > 1e-3
+
+
+def test_sampled_context_training_is_deterministic_and_not_teacher_forcing() -> None:
+    tc = replace(SMALL, context="sampled")
+    a, log = train(CFG, tc, seed=0)
+    b, _ = train(CFG, tc, seed=0)
+    forced, _ = train(CFG, SMALL, seed=0)
+    for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+    assert not torch.equal(next(iter(a.parameters())), next(iter(forced.parameters())))
+    assert log["train_config"]["context"] == "sampled"
+    calls = []
+    train(
+        CFG,
+        replace(SMALL, context="mine"),
+        seed=0,
+        context_fn=lambda m, b, g: calls.append(1) or b["x0"],
+    )
+    assert len(calls) == SMALL.steps
+    with pytest.raises(ValueError, match="context"):
+        train(CFG, replace(SMALL, context="mine"), seed=0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-long"])
+def test_the_shipped_weights_are_the_recipes(name) -> None:
+    """Each shipped file's log names the recipe's stages as they are now (a stage changed
+    without training the weights again fails here); the long weights are stage 3 of the
+    default ones, seed 0. Fields a log predates must sit at their defaults."""
+    import json
+    from dataclasses import asdict
+
+    from jbkv_cli.models.tiny.train import RECIPE
+    from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS
+
+    log = json.loads(DEFAULT_WEIGHTS.with_name(f"{name}.json").read_text())
+    assert log["seed"] == 0 and log["stages"] == ([1, 2] if name == "tiny" else [3])
+    for stage in log["stage_logs"]:
+        recipe = asdict(replace(RECIPE[stage["stage"] - 1], threads=stage["threads"]))
+        defaults = asdict(TrainConfig())
+        assert {k: recipe[k] for k in stage["train_config"]} == stage["train_config"]
+        assert all(recipe[k] == defaults[k] for k in recipe.keys() - stage["train_config"])
+    if name == "tiny-long":
+        assert log["init"].endswith("weights/tiny.safetensors")
