@@ -269,9 +269,9 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
     browser = Chromium(executable, profile)
     try:
         browser.open(url)
-        browser.wait_for(f"{VIDEOS}.every(v => {SEEKABLE})", timeout=900)
-        ready = browser.js(f"{VIDEOS}.map(v => v.readyState)")
-        assert len(ready) == 10 and min(ready) >= 2
+        # every video ready and seekable at once (the page's sync seeks may drop a video's
+        # readyState to 1 for a moment afterwards: reading it again would race them)
+        browser.wait_for(f"{VIDEOS}.length == 10 && {VIDEOS}.every(v => {SEEKABLE})", timeout=900)
 
         # play: every video's clock advances, and each row stays in step
         start = browser.js(f"{VIDEOS}.map(v => v.currentTime)")
@@ -328,7 +328,7 @@ def test_page_plays_in_headless_chromium(tiny_run, local_server, tmp_path, serve
     finally:
         browser.close()
     print(
-        f"\nchromium ({served}): {len(ready)} videos, readyState {min(ready)}..{max(ready)}; "
+        f"\nchromium ({served}): 10 videos ready and seekable; "
         f"currentTime advance in 1.5 s: {min(advance):.2f}..{max(advance):.2f} s; "
         f"spread after pause {spread * 1000:.1f} ms; scrub to 2.5 s: "
         f"{min(scrubbed):.3f}..{max(scrubbed):.3f} s; screenshot {len(shot)} bytes, "
