@@ -39,8 +39,7 @@ from jbkv_cli.models.tiny.model import TinyDiT
 from jbkv_cli.models.tiny.train import RECIPE, train
 from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
 
-SAMPLED = replace(RECIPE[2], steps=600)  # the recipe's stage 3 at the variants' length
-LONG = replace(SAMPLED, context="true")
+LONG = replace(RECIPE[2], steps=600, context="true")  # stage 3's schedule, teacher-forced
 VARIANTS = ("long-clips", "ctx-noise", "own-context", "sampled-context")
 
 

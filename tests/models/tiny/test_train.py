@@ -3,7 +3,8 @@ determinism, the sampled context of stage 3, argument errors and a short smoke r
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -12,13 +13,14 @@ from jbkv_cli.models.tiny import train as train_mod
 from jbkv_cli.models.tiny.data import DataConfig, random_prompts, render
 from jbkv_cli.models.tiny.model import TinyConfig, patchify
 from jbkv_cli.models.tiny.train import (
+    RECIPE,
     TrainConfig,
     make_batch,
     run_recipe,
     sampled_context,
     train,
 )
-from jbkv_cli.models.tiny.weights_io import load_weights, save_weights
+from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS, load_weights, save_weights
 
 CFG = TinyConfig(depth=1, window=1, frames_per_chunk=1)
 SMALL = TrainConfig(steps=3, batch_size=2, warmup=1, extra_chunks=1, threads=1, max_offset=3)
@@ -144,17 +146,11 @@ def test_the_shipped_weights_are_the_recipes(name) -> None:
     """Each shipped file's log names the recipe's stages as they are now (a stage changed
     without training the weights again fails here); the long weights are stage 3 of the
     default ones, seed 0. Fields a log predates must sit at their defaults."""
-    import json
-    from dataclasses import asdict
-
-    from jbkv_cli.models.tiny.train import RECIPE
-    from jbkv_cli.models.tiny.weights_io import DEFAULT_WEIGHTS
-
     log = json.loads(DEFAULT_WEIGHTS.with_name(f"{name}.json").read_text())
     assert log["seed"] == 0 and log["stages"] == ([1, 2] if name == "tiny" else [3])
+    defaults = asdict(TrainConfig())
     for stage in log["stage_logs"]:
         recipe = asdict(replace(RECIPE[stage["stage"] - 1], threads=stage["threads"]))
-        defaults = asdict(TrainConfig())
         assert {k: recipe[k] for k in stage["train_config"]} == stage["train_config"]
         assert all(recipe[k] == defaults[k] for k in recipe.keys() - stage["train_config"])
     if name == "tiny-long":
